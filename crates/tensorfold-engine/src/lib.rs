@@ -1,0 +1,24 @@
+//! The engine other Rust programs embed: load a model, turn a prompt (raw
+//! text or chat messages) into tokens, and generate with keyed sampling,
+//! stop strings and streaming text.
+//!
+//! ```no_run
+//! use tensorfold_engine::{Engine, GenerateRequest, Prompt};
+//! let engine = Engine::load("models/smollm2-135m-instruct-q4_1.gguf".as_ref())?;
+//! let mut req = GenerateRequest::new(Prompt::chat_user("What is the capital of France?"));
+//! req.max_tokens = 32;
+//! let out = engine.generate(&req, &mut |delta| { print!("{delta}"); true })?;
+//! eprintln!("{} tokens", out.completion_tokens);
+//! # Ok::<(), tensorfold_engine::EngineError>(())
+//! ```
+
+mod engine;
+mod sampling;
+mod template;
+mod text;
+
+pub use engine::{Completion, Engine, EngineError, FinishReason, GenerateRequest, Prompt};
+pub use sampling::{argmax, prompt_seed, Pick, Sampler, SamplingParams};
+pub use template::ChatTemplate;
+pub use tensorfold_models as models;
+pub use text::{Delta, TextStream};

@@ -1,0 +1,128 @@
+//! The key/value cache of one sequence, with exact rollback.
+//!
+//! Keys and values are stored per layer, position after position, exactly as
+//! the forward produced them. Rolling back (after rejected drafts) only
+//! shortens the sequence: what stays is untouched, so a rolled-back cache is
+//! bitwise the cache that never saw the rejected positions.
+
+/// Shape of what each position stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvShape {
+    pub layers: usize,
+    /// `kv_heads * head_dim`.
+    pub width: usize,
+}
+
+impl KvShape {
+    /// Bytes one position takes across all layers (keys and values, f32).
+    pub fn bytes_per_position(&self) -> usize {
+        self.layers * self.width * 2 * std::mem::size_of::<f32>()
+    }
+}
+
+/// The cache of one sequence.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    shape: KvShape,
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+    len: usize,
+}
+
+impl KvCache {
+    pub fn new(shape: KvShape) -> KvCache {
+        KvCache {
+            shape,
+            keys: vec![Vec::new(); shape.layers],
+            values: vec![Vec::new(); shape.layers],
+            len: 0,
+        }
+    }
+
+    pub fn shape(&self) -> KvShape {
+        self.shape
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `k` and `v` (each `n * width`) for `layer`. Layers are
+    /// appended in order; the last layer's append advances the length.
+    pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
+        let w = self.shape.width;
+        debug_assert_eq!(k.len() % w, 0);
+        debug_assert_eq!(
+            self.keys[layer].len(),
+            self.len * w,
+            "layers append in order"
+        );
+        self.keys[layer].extend_from_slice(k);
+        self.values[layer].extend_from_slice(v);
+        if layer + 1 == self.shape.layers {
+            self.len += k.len() / w;
+        }
+    }
+
+    /// Keys of `layer` for positions `0..n` where `n` counts what that layer holds.
+    pub fn keys(&self, layer: usize) -> &[f32] {
+        &self.keys[layer]
+    }
+
+    pub fn values(&self, layer: usize) -> &[f32] {
+        &self.values[layer]
+    }
+
+    /// Drops every position from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let keep = len * self.shape.width;
+        for l in 0..self.shape.layers {
+            self.keys[l].truncate(keep);
+            self.values[l].truncate(keep);
+        }
+        self.len = len;
+    }
+
+    /// Bytes held by stored positions.
+    pub fn bytes(&self) -> usize {
+        self.len * self.shape.bytes_per_position()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncate_restores_the_shorter_cache_exactly() {
+        let shape = KvShape {
+            layers: 2,
+            width: 3,
+        };
+        let mut a = KvCache::new(shape);
+        let mut b = KvCache::new(shape);
+        for l in 0..2 {
+            a.append(l, &[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
+            b.append(l, &[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
+        }
+        for l in 0..2 {
+            a.append(l, &[7.0; 6], &[8.0; 6]);
+        }
+        assert_eq!(a.len(), 3);
+        a.truncate(1);
+        assert_eq!(a.len(), 1);
+        for l in 0..2 {
+            assert_eq!(a.keys(l), b.keys(l));
+            assert_eq!(a.values(l), b.values(l));
+        }
+        assert_eq!(a.bytes(), shape.bytes_per_position());
+    }
+}

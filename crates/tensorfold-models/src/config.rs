@@ -1,0 +1,101 @@
+//! The shape and hyper-parameters of a decoder, whatever file it came from.
+
+use serde::Serialize;
+
+/// Supported model families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RopeStyle {
+    /// Dimensions `(2i, 2i + 1)`: GGUF llama, whose q/k rows were permuted
+    /// at conversion.
+    Interleaved,
+    /// Dimensions `(i, i + d/2)`: Hugging Face layouts and GGUF qwen.
+    Half,
+}
+
+/// Everything the forward needs to know about a model's shape.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f64,
+    pub rope_style: RopeStyle,
+    /// The model's own context window.
+    pub max_positions: usize,
+    pub tied_embeddings: bool,
+    /// Bias on the q, k and v projections (qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm on q and k before rotation (qwen3).
+    pub qk_norm: bool,
+}
+
+impl ModelConfig {
+    /// Checks the shape is one the forward can run.
+    pub fn validate(&self) -> Result<(), String> {
+        let nonzero = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("layers", self.layers),
+            ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
+            ("head_dim", self.head_dim),
+        ];
+        if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("{name} must be positive"));
+        }
+        if self.heads % self.kv_heads != 0 {
+            return Err(format!(
+                "{} heads do not group over {} kv heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim {} must be even for rotary embeddings",
+                self.head_dim
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn q_width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    pub fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// The KV cache shape for this model.
+    pub fn kv_shape(&self) -> tensorfold_kv::KvShape {
+        tensorfold_kv::KvShape {
+            layers: self.layers,
+            width: self.kv_width(),
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! The decoder forward shared by every family: embeddings, pre-norm
+//! attention and SwiGLU blocks, final norm, logits.
+//!
+//! Every step is row-local or reduces in a fixed order: matmuls through
+//! [`Matrix::matmul`], norms per row, rotary angles from the absolute
+//! position, attention for each query over keys `0..=pos` in order. So the
+//! logits of a position do not depend on how many rows share the call or
+//! where a prefill chunk starts.
+
+use crate::config::{ModelConfig, RopeStyle};
+use rayon::prelude::*;
+use tensorfold_kv::KvCache;
+use tensorfold_quant::{dot, sum_squares, Matrix};
+
+/// One transformer block's weights.
+pub struct Block {
+    pub attn_norm: Vec<f32>,
+    pub q: Matrix,
+    pub k: Matrix,
+    pub v: Matrix,
+    pub o: Matrix,
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+/// A loaded decoder.
+pub struct Model {
+    pub config: ModelConfig,
+    pub embed: Matrix,
+    pub blocks: Vec<Block>,
+    pub norm: Vec<f32>,
+    /// `None` when the embeddings are tied.
+    pub lm_head: Option<Matrix>,
+}
+
+/// Which rows' logits a forward returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last row (prefill).
+    Last,
+    /// Every row (verification).
+    All,
+    /// None: the call only fills the cache.
+    None,
+}
+
+fn rms_norm(x: &mut [f32], width: usize, weight: &[f32], eps: f32) {
+    for row in x.chunks_exact_mut(width) {
+        let scale = 1.0 / (sum_squares(row) / width as f32 + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = *v * scale * *w;
+        }
+    }
+}
+
+fn add_bias(x: &mut [f32], bias: &Option<Vec<f32>>) {
+    if let Some(b) = bias {
+        for row in x.chunks_exact_mut(b.len()) {
+            row.iter_mut().zip(b).for_each(|(v, b)| *v += *b);
+        }
+    }
+}
+
+/// Rotation angles for absolute positions, computed in f64 from the
+/// position alone.
+struct Rope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+    style: RopeStyle,
+}
+
+impl Rope {
+    fn new(config: &ModelConfig, start: usize, rows: usize) -> Rope {
+        let half = config.head_dim / 2;
+        let mut cos = Vec::with_capacity(rows * half);
+        let mut sin = Vec::with_capacity(rows * half);
+        for r in 0..rows {
+            let pos = (start + r) as f64;
+            for i in 0..half {
+                let freq = config
+                    .rope_theta
+                    .powf(-((2 * i) as f64) / config.head_dim as f64);
+                let angle = pos * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Rope {
+            cos,
+            sin,
+            half,
+            style: config.rope_style,
+        }
+    }
+
+    /// Rotates every head of row `r` in place.
+    fn apply(&self, r: usize, row: &mut [f32], head_dim: usize) {
+        let (cos, sin) = (
+            &self.cos[r * self.half..][..self.half],
+            &self.sin[r * self.half..][..self.half],
+        );
+        for head in row.chunks_exact_mut(head_dim) {
+            for i in 0..self.half {
+                let (a, b) = match self.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Half => (i, i + self.half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+}
+
+impl Model {
+    /// Runs `tokens` at positions `cache.len()..`, appending their keys and
+    /// values to `cache`, and returns the requested logits row after row.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, want: Logits) -> Vec<f32> {
+        let c = &self.config;
+        let (m, h) = (tokens.len(), c.hidden_size);
+        if m == 0 {
+            return Vec::new();
+        }
+        let start = cache.len();
+        let rope = Rope::new(c, start, m);
+
+        let mut x = vec![0f32; m * h];
+        for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
+            self.embed.row_f32(t as usize, row);
+        }
+
+        let (qw, kvw, ff) = (c.q_width(), c.kv_width(), c.intermediate_size);
+        let mut xn = vec![0f32; m * h];
+        let mut q = vec![0f32; m * qw];
+        let mut k = vec![0f32; m * kvw];
+        let mut v = vec![0f32; m * kvw];
+        let mut attn = vec![0f32; m * qw];
+        let mut proj = vec![0f32; m * h];
+        let mut gate = vec![0f32; m * ff];
+        let mut up = vec![0f32; m * ff];
+
+        for (l, b) in self.blocks.iter().enumerate() {
+            xn.copy_from_slice(&x);
+            rms_norm(&mut xn, h, &b.attn_norm, c.rms_eps);
+            b.q.matmul(&xn, m, &mut q);
+            b.k.matmul(&xn, m, &mut k);
+            b.v.matmul(&xn, m, &mut v);
+            add_bias(&mut q, &b.q_bias);
+            add_bias(&mut k, &b.k_bias);
+            add_bias(&mut v, &b.v_bias);
+            if let Some(w) = &b.q_norm {
+                rms_norm(&mut q, c.head_dim, w, c.rms_eps);
+            }
+            if let Some(w) = &b.k_norm {
+                rms_norm(&mut k, c.head_dim, w, c.rms_eps);
+            }
+            for r in 0..m {
+                rope.apply(r, &mut q[r * qw..(r + 1) * qw], c.head_dim);
+                rope.apply(r, &mut k[r * kvw..(r + 1) * kvw], c.head_dim);
+            }
+            cache.append(l, &k, &v);
+            attention(c, start, &q, cache.keys(l), cache.values(l), &mut attn);
+
+            b.o.matmul(&attn, m, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += *p);
+
+            xn.copy_from_slice(&x);
+            rms_norm(&mut xn, h, &b.ffn_norm, c.rms_eps);
+            b.gate.matmul(&xn, m, &mut gate);
+            b.up.matmul(&xn, m, &mut up);
+            gate.iter_mut()
+                .zip(&up)
+                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * *u);
+            b.down.matmul(&gate, m, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(x, p)| *x += *p);
+        }
+
+        let rows = match want {
+            Logits::None => return Vec::new(),
+            Logits::Last => &mut x[(m - 1) * h..],
+            Logits::All => &mut x[..],
+        };
+        rms_norm(rows, h, &self.norm, c.rms_eps);
+        let n = rows.len() / h;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0f32; n * c.vocab_size];
+        head.matmul(rows, n, &mut logits);
+        logits
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let vec = |v: &Vec<f32>| v.len() * 4;
+        let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, vec);
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+                    + vec(&b.attn_norm)
+                    + vec(&b.ffn_norm)
+                    + opt(&b.q_bias)
+                    + opt(&b.k_bias)
+                    + opt(&b.v_bias)
+                    + opt(&b.q_norm)
+                    + opt(&b.k_norm)
+            })
+            .sum();
+        blocks
+            + self.embed.bytes()
+            + self.lm_head.as_ref().map_or(0, |m| m.bytes())
+            + vec(&self.norm)
+    }
+
+    /// Bytes of weights read to decode one token: every block matrix and the
+    /// output head, but only one row of the embeddings.
+    pub fn bytes_per_token(&self) -> usize {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed).bytes();
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        blocks + head
+    }
+}
+
+/// Causal attention of `m` query rows at positions `start..start + m` over
+/// the cached keys. Each (row, head) is independent and reduces its keys in
+/// position order, so its value does not depend on `m` or `start`'s chunking.
+fn attention(
+    c: &ModelConfig,
+    start: usize,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    out: &mut [f32],
+) {
+    let (hd, kvw, heads) = (c.head_dim, c.kv_width(), c.heads);
+    let group = c.heads / c.kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    out.par_chunks_exact_mut(hd)
+        .enumerate()
+        .for_each(|(idx, o)| {
+            let (r, head) = (idx / heads, idx % heads);
+            let kv_off = (head / group) * hd;
+            let qh = &q[r * c.q_width() + head * hd..][..hd];
+            let n = start + r + 1;
+            let mut scores: Vec<f32> = (0..n)
+                .map(|j| dot(qh, &keys[j * kvw + kv_off..][..hd]) * scale)
+                .collect();
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            o.fill(0.0);
+            for (j, s) in scores.iter().enumerate() {
+                let vj = &values[j * kvw + kv_off..][..hd];
+                o.iter_mut().zip(vj).for_each(|(o, v)| *o += *s * *v);
+            }
+            let inv = 1.0 / sum;
+            o.iter_mut().for_each(|o| *o *= inv);
+        });
+}

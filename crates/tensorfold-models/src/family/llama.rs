@@ -1,0 +1,18 @@
+//! Llama: pre-norm blocks, grouped-query attention without biases, SwiGLU
+//! MLP, RMSNorm. SmolLM2 and mathformer are Llamas.
+//!
+//! llama.cpp's converter permutes the q and k rows of Llama checkpoints so
+//! that GGUF files rotate interleaved pairs; Hugging Face files rotate
+//! halves. A config's `attention_bias: true` is honoured as in transformers.
+
+use super::Family;
+use crate::config::{Arch, RopeStyle};
+
+pub const FAMILY: Family = Family {
+    arch: Arch::Llama,
+    gguf_name: "llama",
+    hf_class: "LlamaForCausalLM",
+    qkv_bias: false,
+    qk_norm: false,
+    gguf_rope: RopeStyle::Interleaved,
+};

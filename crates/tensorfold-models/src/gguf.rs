@@ -1,0 +1,234 @@
+//! GGUF files: header, configuration, tensors and tokenizer metadata.
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::family;
+use crate::weights::TensorSource;
+use candle_core::quantized::gguf_file::{Content, Value};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use tensorfold_quant::{Format, Matrix};
+
+/// An open GGUF file whose header has been read (no tensor data yet).
+pub struct GgufFile {
+    path: PathBuf,
+    file: BufReader<File>,
+    content: Content,
+}
+
+/// A value of the metadata as the few shapes TensorFold reads.
+pub(crate) struct Metadata<'a>(pub &'a HashMap<String, Value>);
+
+impl Metadata<'_> {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key)
+    }
+
+    pub fn usize(&self, key: &str) -> Option<usize> {
+        match self.get(key)? {
+            Value::U8(v) => Some(*v as usize),
+            Value::U16(v) => Some(*v as usize),
+            Value::U32(v) => Some(*v as usize),
+            Value::U64(v) => Some(*v as usize),
+            Value::I32(v) if *v >= 0 => Some(*v as usize),
+            Value::I64(v) if *v >= 0 => Some(*v as usize),
+            _ => None,
+        }
+    }
+
+    pub fn f64(&self, key: &str) -> Option<f64> {
+        match self.get(key)? {
+            Value::F32(v) => Some(*v as f64),
+            Value::F64(v) => Some(*v),
+            _ => None,
+        }
+    }
+
+    pub fn str(&self, key: &str) -> Option<&str> {
+        match self.get(key)? {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> Option<bool> {
+        match self.get(key)? {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        }
+    }
+
+    pub fn strings(&self, key: &str) -> Option<Vec<&str>> {
+        match self.get(key)? {
+            Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => Some(s.as_str()),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        }
+    }
+
+    pub fn ints(&self, key: &str) -> Option<Vec<i64>> {
+        match self.get(key)? {
+            Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    Value::I32(x) => Some(*x as i64),
+                    Value::U32(x) => Some(*x as i64),
+                    Value::I8(x) => Some(*x as i64),
+                    Value::U8(x) => Some(*x as i64),
+                    Value::I64(x) => Some(*x),
+                    _ => None,
+                })
+                .collect(),
+            _ => None,
+        }
+    }
+}
+
+impl GgufFile {
+    /// Reads the header; refuses a file that is not GGUF or is truncated.
+    pub fn open(path: &Path) -> Result<GgufFile> {
+        let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let mut file = BufReader::new(file);
+        let content = Content::read(&mut file).map_err(|e| {
+            ModelError::Malformed(format!("{}: not a readable GGUF file: {e}", path.display()))
+        })?;
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            file,
+            content,
+        })
+    }
+
+    pub(crate) fn metadata(&self) -> Metadata<'_> {
+        Metadata(&self.content.metadata)
+    }
+
+    /// Every tensor's name, shape (rows, cols) and format.
+    pub fn tensors(&self) -> Result<Vec<(String, Vec<usize>, Format)>> {
+        let mut out = Vec::new();
+        for (name, info) in &self.content.tensor_infos {
+            let format = Format::from_ggml(info.ggml_dtype).ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "tensor {name} is {:?}, a quant type TensorFold does not run \
+                     (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K)",
+                    info.ggml_dtype
+                ))
+            })?;
+            out.push((name.clone(), info.shape.dims().to_vec(), format));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// The model configuration from the metadata alone.
+    pub fn config(&self) -> Result<ModelConfig> {
+        let md = self.metadata();
+        let arch_name = md.str("general.architecture").ok_or_else(|| {
+            ModelError::Malformed("GGUF metadata lacks general.architecture".into())
+        })?;
+        let fam = family::by_gguf_name(arch_name).ok_or_else(|| {
+            ModelError::Unsupported(format!(
+                "architecture '{arch_name}' is not supported (supported: {})",
+                family::supported()
+            ))
+        })?;
+        if let Some(kind) = md.str(&format!("{arch_name}.rope.scaling.type")) {
+            if kind != "none" {
+                return Err(ModelError::Unsupported(format!(
+                    "rope scaling '{kind}' is not supported"
+                )));
+            }
+        }
+        let need = |k: &str| {
+            md.usize(&format!("{arch_name}.{k}")).ok_or_else(|| {
+                ModelError::Malformed(format!("GGUF metadata lacks {arch_name}.{k}"))
+            })
+        };
+        let hidden = need("embedding_length")?;
+        let heads = need("attention.head_count")?;
+        let embd = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| {
+                ModelError::Malformed("GGUF file has no token_embd.weight tensor".into())
+            })?;
+        let vocab = embd.shape.dims().first().copied().unwrap_or(0);
+        let head_dim = md
+            .usize(&format!("{arch_name}.attention.key_length"))
+            .unwrap_or(hidden / heads.max(1));
+        Ok(ModelConfig {
+            arch: fam.arch,
+            vocab_size: vocab,
+            hidden_size: hidden,
+            intermediate_size: need("feed_forward_length")?,
+            layers: need("block_count")?,
+            heads,
+            kv_heads: md
+                .usize(&format!("{arch_name}.attention.head_count_kv"))
+                .unwrap_or(heads),
+            head_dim,
+            rms_eps: md
+                .f64(&format!("{arch_name}.attention.layer_norm_rms_epsilon"))
+                .unwrap_or(1e-5) as f32,
+            rope_theta: md
+                .f64(&format!("{arch_name}.rope.freq_base"))
+                .unwrap_or(10_000.0),
+            rope_style: fam.gguf_rope,
+            max_positions: need("context_length")?,
+            tied_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
+            qkv_bias: fam.qkv_bias,
+            qk_norm: fam.qk_norm,
+        })
+    }
+
+    pub fn chat_template(&self) -> Option<String> {
+        self.metadata()
+            .str("tokenizer.chat_template")
+            .map(str::to_owned)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl TensorSource for GgufFile {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::Malformed(format!("GGUF file has no tensor {name}")))?;
+        let elems = info.shape.elem_count();
+        if elems != rows * cols {
+            return Err(ModelError::Malformed(format!(
+                "tensor {name} has shape {:?}, expected {rows}x{cols}",
+                info.shape.dims()
+            )));
+        }
+        let format = Format::from_ggml(info.ggml_dtype).ok_or_else(|| {
+            ModelError::Unsupported(format!("tensor {name}: {:?}", info.ggml_dtype))
+        })?;
+        let mut bytes = vec![0u8; format.matrix_bytes(rows, cols)];
+        let start = self.content.tensor_data_offset + info.offset;
+        let path = self.path.clone();
+        self.file
+            .seek(SeekFrom::Start(start))
+            .map_err(|e| ModelError::io(&path, e))?;
+        self.file.read_exact(&mut bytes).map_err(|e| {
+            ModelError::Malformed(format!(
+                "{}: tensor {name} is truncated: {e}",
+                path.display()
+            ))
+        })?;
+        Ok(Matrix::from_bytes(format, rows, cols, &bytes)?)
+    }
+}

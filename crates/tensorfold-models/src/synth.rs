@@ -1,0 +1,366 @@
+//! Random-weight models written in the real on-disk formats, for tests and
+//! benchmarks: deterministic from a seed, any shape, any storage format.
+//!
+//! The tokenizer is byte-level BPE over the 256 byte symbols plus ChatML
+//! control tokens, so any text round-trips; the chat template is ChatML.
+
+use crate::config::Arch;
+use crate::error::{ModelError, Result};
+use candle_core::quantized::{ggml_file::qtensor_from_ggml, gguf_file, GgmlDType, QTensor};
+use std::path::Path;
+use tensorfold_quant::{Format, GgmlBlocks, Matrix, Storage};
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer};
+
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+
+/// The shape and storage of a random model.
+#[derive(Debug, Clone)]
+pub struct SynthSpec {
+    pub arch: Arch,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub max_positions: usize,
+    pub tied_embeddings: bool,
+    /// Storage of the 2-D weights (norms stay f32).
+    pub format: Format,
+    pub seed: u64,
+}
+
+impl SynthSpec {
+    /// A tiny Llama that runs in milliseconds.
+    pub fn tiny(arch: Arch, format: Format, seed: u64) -> SynthSpec {
+        let wide = format.block_elems() > 32;
+        SynthSpec {
+            arch,
+            hidden_size: if wide { 256 } else { 64 },
+            intermediate_size: if wide { 512 } else { 128 },
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: if wide { 64 } else { 16 },
+            max_positions: 512,
+            tied_embeddings: arch != Arch::Qwen2,
+            format,
+            seed,
+        }
+    }
+
+    /// 256 byte symbols plus the control tokens.
+    pub fn vocab_size(&self) -> usize {
+        256 + SPECIALS.len()
+    }
+}
+
+/// GPT-2's map from bytes to printable characters.
+fn byte_symbols() -> Vec<char> {
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut chars: Vec<u32> = printable.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut pairs: Vec<(u32, u32)> = printable.into_iter().zip(chars).collect();
+    pairs.sort();
+    pairs
+        .into_iter()
+        .map(|(_, c)| char::from_u32(c).expect("valid symbol"))
+        .collect()
+}
+
+fn vocab_tokens() -> Vec<String> {
+    byte_symbols()
+        .into_iter()
+        .map(String::from)
+        .chain(SPECIALS.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+/// The byte-level tokenizer of synthetic models.
+pub fn tokenizer() -> Tokenizer {
+    let vocab: tokenizers::models::bpe::Vocab = vocab_tokens()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t, i as u32))
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, Vec::new())
+        .build()
+        .expect("valid vocabulary");
+    let mut tk = Tokenizer::new(bpe);
+    tk.with_pre_tokenizer(Some(ByteLevel::new(false, false, true)));
+    tk.with_decoder(Some(tokenizers::decoders::byte_level::ByteLevel::default()));
+    tk.add_special_tokens(SPECIALS.map(|s| AddedToken::from(s, true)))
+        .expect("valid tokens");
+    tk
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> f32 {
+        // splitmix64: a deterministic stream for a seed.
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// Every tensor of the model, by GGUF name: (name, rows, cols, values, is_matrix).
+fn tensors(spec: &SynthSpec) -> Vec<(String, usize, usize, Vec<f32>, bool)> {
+    let mut rng = Rng(spec.seed);
+    let (h, ff, v) = (spec.hidden_size, spec.intermediate_size, spec.vocab_size());
+    let (qw, kvw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+    let mut out = Vec::new();
+    let mut matrix = |out: &mut Vec<_>, name: String, rows: usize, cols: usize| {
+        let scale = 1.0 / (cols as f32).sqrt();
+        let vals = (0..rows * cols).map(|_| rng.next() * scale * 1.7).collect();
+        out.push((name, rows, cols, vals, true));
+    };
+    matrix(&mut out, "token_embd.weight".into(), v, h);
+    let mut norms = Vec::new();
+    for i in 0..spec.layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        matrix(&mut out, n("attn_q.weight"), qw, h);
+        matrix(&mut out, n("attn_k.weight"), kvw, h);
+        matrix(&mut out, n("attn_v.weight"), kvw, h);
+        matrix(&mut out, n("attn_output.weight"), h, qw);
+        matrix(&mut out, n("ffn_gate.weight"), ff, h);
+        matrix(&mut out, n("ffn_up.weight"), ff, h);
+        matrix(&mut out, n("ffn_down.weight"), h, ff);
+        norms.push((n("attn_norm.weight"), h));
+        norms.push((n("ffn_norm.weight"), h));
+        if spec.arch == Arch::Qwen2 {
+            norms.push((n("attn_q.bias"), qw));
+            norms.push((n("attn_k.bias"), kvw));
+            norms.push((n("attn_v.bias"), kvw));
+        }
+        if spec.arch == Arch::Qwen3 {
+            norms.push((n("attn_q_norm.weight"), spec.head_dim));
+            norms.push((n("attn_k_norm.weight"), spec.head_dim));
+        }
+    }
+    if !spec.tied_embeddings {
+        matrix(&mut out, "output.weight".into(), v, h);
+    }
+    norms.push(("output_norm.weight".into(), h));
+    let mut rng = Rng(spec.seed ^ 0xA5A5);
+    for (name, len) in norms {
+        let bias = name.ends_with(".bias");
+        let vals = (0..len)
+            .map(|_| {
+                if bias {
+                    rng.next() * 0.1
+                } else {
+                    1.0 + rng.next() * 0.2
+                }
+            })
+            .collect();
+        out.push((name, 1, len, vals, false));
+    }
+    out
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> ModelError + '_ {
+    move |e| ModelError::io(path, e)
+}
+
+/// Writes a Hugging Face directory (config.json, tokenizer.json,
+/// tokenizer_config.json, model.safetensors); `spec.format` must be a float format.
+pub fn write_hf(dir: &Path, spec: &SynthSpec) -> Result<()> {
+    use safetensors::tensor::{Dtype, TensorView};
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let (dtype, width) = match spec.format {
+        Format::F32 => (Dtype::F32, 4),
+        Format::F16 => (Dtype::F16, 2),
+        Format::Bf16 => (Dtype::BF16, 2),
+        other => {
+            return Err(ModelError::Unsupported(format!(
+                "safetensors fixtures are float, not {other}"
+            )))
+        }
+    };
+    let class = match spec.arch {
+        Arch::Llama => "LlamaForCausalLM",
+        Arch::Qwen2 => "Qwen2ForCausalLM",
+        Arch::Qwen3 => "Qwen3ForCausalLM",
+    };
+    let config = serde_json::json!({
+        "architectures": [class],
+        "model_type": spec.arch.name(),
+        "vocab_size": spec.vocab_size(),
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.max_positions,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "eos_token_id": 256 + 2,
+        "bos_token_id": 256,
+    });
+    let write = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(io(dir));
+    write(
+        "config.json",
+        serde_json::to_string_pretty(&config).expect("json"),
+    )?;
+    write(
+        "tokenizer_config.json",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "chat_template": CHATML_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": "<|endoftext|>",
+        }))
+        .expect("json"),
+    )?;
+    tokenizer()
+        .save(dir.join("tokenizer.json"), false)
+        .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+
+    let all = tensors(spec);
+    let mut bufs: Vec<(String, Vec<usize>, Vec<u8>, Dtype)> = Vec::new();
+    for (name, rows, cols, vals, is_matrix) in all {
+        let hf = crate::hf::hf_name_of(&name);
+        let (dt, fmt) = if is_matrix {
+            (dtype, spec.format)
+        } else {
+            (Dtype::F32, Format::F32)
+        };
+        let m = Matrix::from_f32(fmt, rows, cols, &vals)?;
+        let bytes: Vec<u8> = match m.storage() {
+            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::Ggml(_) => unreachable!("float format"),
+        };
+        debug_assert_eq!(bytes.len(), rows * cols * if is_matrix { width } else { 4 });
+        let shape = if is_matrix {
+            vec![rows, cols]
+        } else {
+            vec![cols]
+        };
+        bufs.push((hf, shape, bytes, dt));
+    }
+    let views: Vec<(String, TensorView)> = bufs
+        .iter()
+        .map(|(n, s, b, d)| {
+            (
+                n.clone(),
+                TensorView::new(*d, s.clone(), b).expect("consistent view"),
+            )
+        })
+        .collect();
+    let path = dir.join("model.safetensors");
+    safetensors::serialize_to_file(views, None, &path)
+        .map_err(|e| ModelError::Malformed(e.to_string()))
+}
+
+fn ggml_dtype(format: Format) -> GgmlDType {
+    match format {
+        Format::F32 => GgmlDType::F32,
+        Format::F16 => GgmlDType::F16,
+        Format::Bf16 => GgmlDType::BF16,
+        Format::Q4_0 => GgmlDType::Q4_0,
+        Format::Q4_1 => GgmlDType::Q4_1,
+        Format::Q5_0 => GgmlDType::Q5_0,
+        Format::Q5_1 => GgmlDType::Q5_1,
+        Format::Q8_0 => GgmlDType::Q8_0,
+        Format::Q2K => GgmlDType::Q2K,
+        Format::Q3K => GgmlDType::Q3K,
+        Format::Q4K => GgmlDType::Q4K,
+        Format::Q5K => GgmlDType::Q5K,
+        Format::Q6K => GgmlDType::Q6K,
+    }
+}
+
+/// Writes a GGUF file with the tokenizer and ChatML template in its metadata.
+pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
+    use gguf_file::Value;
+    let arch = spec.arch.name();
+    let mut qtensors: Vec<(String, QTensor)> = Vec::new();
+    for (name, rows, cols, vals, is_matrix) in tensors(spec) {
+        let fmt = if is_matrix { spec.format } else { Format::F32 };
+        let m = Matrix::from_f32(fmt, rows, cols, &vals)?;
+        let bytes: Vec<u8> = match m.storage() {
+            Storage::Ggml(b) => GgmlBlocks::as_bytes(b).to_vec(),
+            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        };
+        let dims = if is_matrix {
+            vec![rows, cols]
+        } else {
+            vec![cols]
+        };
+        let q = qtensor_from_ggml(ggml_dtype(fmt), &bytes, dims, &candle_core::Device::Cpu)
+            .map_err(|e| ModelError::Malformed(e.to_string()))?;
+        qtensors.push((name, q));
+    }
+    let tokens = vocab_tokens();
+    let types: Vec<Value> = (0..tokens.len())
+        .map(|i| Value::I32(if i < 256 { 1 } else { 3 }))
+        .collect();
+    let u32v = |v: usize| Value::U32(v as u32);
+    let meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (format!("{arch}.embedding_length"), u32v(spec.hidden_size)),
+        (
+            format!("{arch}.feed_forward_length"),
+            u32v(spec.intermediate_size),
+        ),
+        (format!("{arch}.block_count"), u32v(spec.layers)),
+        (format!("{arch}.attention.head_count"), u32v(spec.heads)),
+        (
+            format!("{arch}.attention.head_count_kv"),
+            u32v(spec.kv_heads),
+        ),
+        (format!("{arch}.attention.key_length"), u32v(spec.head_dim)),
+        (
+            format!("{arch}.attention.layer_norm_rms_epsilon"),
+            Value::F32(1e-6),
+        ),
+        (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
+        (format!("{arch}.context_length"), u32v(spec.max_positions)),
+        ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
+        ("tokenizer.ggml.pre".into(), Value::String("gpt2".into())),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        ),
+        ("tokenizer.ggml.merges".into(), Value::Array(Vec::new())),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+        ("tokenizer.ggml.bos_token_id".into(), u32v(256)),
+        ("tokenizer.ggml.eos_token_id".into(), u32v(258)),
+        (
+            "tokenizer.chat_template".into(),
+            Value::String(CHATML_TEMPLATE.into()),
+        ),
+    ];
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> =
+        qtensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io(path))?);
+    gguf_file::write(&mut file, &meta_refs, &tensor_refs)
+        .map_err(|e| ModelError::Malformed(e.to_string()))
+}

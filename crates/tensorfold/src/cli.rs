@@ -1,0 +1,67 @@
+//! Command-line arguments.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "tensorfold",
+    version,
+    about = "Exact speculative decoding for language models"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Generate a reply to one prompt; the reply alone goes to stdout.
+    Run(RunArgs),
+    /// Print a model's architecture, sizes and quant types from its header.
+    Info(InfoArgs),
+}
+
+/// Sampling flags shared by commands that generate.
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// 0 is greedy.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A GGUF file or a Hugging Face model directory.
+    pub model: PathBuf,
+    #[arg(long)]
+    pub prompt: String,
+    /// Apply the model's chat template to the prompt as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// Stop string (repeatable); it is removed from the reply.
+    #[arg(long)]
+    pub stop: Vec<String>,
+    #[arg(long)]
+    pub ignore_eos: bool,
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
+    pub model: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,21 @@
+//! `tensorfold`: run a prompt, inspect a model, serve the OpenAI API.
+
+mod cli;
+mod run;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let args = cli::Cli::parse();
+    let result = match args.command {
+        cli::Command::Run(a) => run::run(a),
+        cli::Command::Info(a) => run::info(a),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
