@@ -97,8 +97,22 @@ impl GgufFile {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         let mut file = BufReader::new(file);
         let content = Content::read(&mut file).map_err(|e| {
-            ModelError::Malformed(format!("{}: not a readable GGUF file: {e}", path.display()))
+            // candle appends a backtrace when RUST_BACKTRACE is set: keep the message.
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            ModelError::Malformed(format!("{}: not a readable GGUF file: {first}", path.display()))
         })?;
+        let file_len = file.get_ref().metadata().map_err(|e| ModelError::io(path, e))?.len();
+        for (name, info) in &content.tensor_infos {
+            let bytes = Format::from_ggml(info.ggml_dtype)
+                .map_or(0, |f| (info.shape.elem_count() / f.block_elems() * f.block_bytes()) as u64);
+            if content.tensor_data_offset + info.offset + bytes > file_len {
+                return Err(ModelError::Malformed(format!(
+                    "{}: truncated: tensor {name} lies past the end of the file",
+                    path.display()
+                )));
+            }
+        }
         Ok(GgufFile {
             path: path.to_path_buf(),
             file,

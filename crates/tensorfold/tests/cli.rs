@@ -1,0 +1,78 @@
+//! The `tensorfold` command as a user runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use tensorfold_models::synth::{self, SynthSpec};
+use tensorfold_models::{Arch, Format};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tensorfold"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn tiny_gguf() -> PathBuf {
+    let p = fixture("tiny.gguf");
+    synth::write_gguf(&p, &SynthSpec::tiny(Arch::Qwen2, Format::Q4_0, 1)).unwrap();
+    p
+}
+
+#[test]
+fn info_reads_the_header() {
+    let out = bin().arg("info").arg(tiny_gguf()).output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8(out.stdout).unwrap();
+    assert!(s.contains("qwen2") && s.contains("Q4_0"), "{s}");
+}
+
+fn assert_refused(path: &Path, needle: &str) {
+    for cmd in ["info", "run"] {
+        let out = bin().arg(cmd).arg(path).args(["--prompt", "x"].iter().take(if cmd == "run" { 2 } else { 0 })).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd} {}: {err}", path.display());
+        assert!(err.contains(needle), "{cmd}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn malformed_and_unsupported_files_are_refused_cleanly() {
+    let junk = fixture("junk.gguf");
+    std::fs::write(&junk, b"definitely not a model").unwrap();
+    assert_refused(&junk, "not a readable GGUF");
+
+    let truncated = fixture("truncated.gguf");
+    let bytes = std::fs::read(tiny_gguf()).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    assert_refused(&truncated, "truncated");
+
+    let dir = fixture("falcon");
+    synth::write_hf(&dir, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), cfg.replace("LlamaForCausalLM", "FalconForCausalLM")).unwrap();
+    assert_refused(&dir, "architecture 'FalconForCausalLM' is not supported");
+
+    let q = fixture("gptq");
+    synth::write_hf(&q, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
+    let cfg = std::fs::read_to_string(q.join("config.json")).unwrap();
+    std::fs::write(q.join("config.json"), cfg.replacen('{', "{\"quantization_config\": {\"quant_method\": \"gptq\"},", 1)).unwrap();
+    assert_refused(&q, "gptq");
+
+    assert_refused(&fixture("missing.gguf"), "no such file");
+}
+
+#[test]
+fn run_prints_the_reply_alone() {
+    let path = tiny_gguf();
+    let args = ["--prompt", "hello", "--max-tokens", "12", "--temperature", "0.8", "--seed", "3"];
+    let a = bin().arg("run").arg(&path).args(args).arg("--ignore-eos").output().unwrap();
+    let b = bin().arg("run").arg(&path).args(args).arg("--ignore-eos").output().unwrap();
+    assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
+    assert_eq!(a.stdout, b.stdout, "same seed, same bytes");
+    assert!(String::from_utf8_lossy(&a.stderr).contains("tokens/s"));
+    assert!(!String::from_utf8_lossy(&a.stdout).contains("tokens/s"));
+}
