@@ -7,12 +7,22 @@ use tensorfold_models::{Arch, Format};
 use tensorfold_tests::{registry_model, synth_model};
 
 fn tiny() -> Engine {
-    let path = synth_model("gen-tiny", &SynthSpec::tiny(Arch::Llama, Format::Q8_0, 5), true);
+    let path = synth_model(
+        "gen-tiny",
+        &SynthSpec::tiny(Arch::Llama, Format::Q8_0, 5),
+        true,
+    );
     Engine::load(&path).unwrap()
 }
 
 fn sampled(seed: Option<u64>) -> SamplingParams {
-    SamplingParams { temperature: 0.9, top_k: Some(40), top_p: 0.95, min_p: 0.01, seed }
+    SamplingParams {
+        temperature: 0.9,
+        top_k: Some(40),
+        top_p: 0.95,
+        min_p: 0.01,
+        seed,
+    }
 }
 
 fn run(engine: &Engine, req: &GenerateRequest) -> (tensorfold_engine::Completion, String) {
@@ -78,7 +88,9 @@ fn stop_strings_end_the_reply_and_are_removed() {
 
 #[test]
 fn eos_ends_unless_ignored() {
-    let Some(p) = registry_model("mathformer/addformer") else { return };
+    let Some(p) = registry_model("mathformer/addformer") else {
+        return;
+    };
     let e = Engine::load(&p).unwrap();
     let mut req = GenerateRequest::new(Prompt::Text("3+4=".into()));
     req.max_tokens = 5;
@@ -113,12 +125,23 @@ fn prompts_past_the_window_are_refused() {
     let e = tiny();
     let req = GenerateRequest::new(Prompt::Tokens(vec![5; 600]));
     let err = e.generate(&req, &mut |_| true).unwrap_err();
-    assert!(matches!(err, tensorfold_engine::EngineError::ContextLength { prompt: 600, window: 512 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            tensorfold_engine::EngineError::ContextLength {
+                prompt: 600,
+                window: 512
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn smollm2_answers_paris() {
-    let Some(p) = registry_model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let Some(p) = registry_model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
     let e = Engine::load(&p).unwrap();
     let mut req = GenerateRequest::new(Prompt::chat_user("What is the capital of France?"));
     req.max_tokens = 24;

@@ -23,13 +23,24 @@ fn logits_by_chunks(m: &Model, tokens: &[u32], chunks: &[usize]) -> Vec<u32> {
     let mut sizes = chunks.iter().copied().cycle();
     while at < tokens.len() {
         let n = sizes.next().unwrap().clamp(1, tokens.len() - at);
-        out.extend(m.forward(&tokens[at..at + n], &mut cache, Logits::All).iter().map(|x| x.to_bits()));
+        out.extend(
+            m.forward(&tokens[at..at + n], &mut cache, Logits::All)
+                .iter()
+                .map(|x| x.to_bits()),
+        );
         at += n;
     }
     out
 }
 
-const FORMATS: [Format; 6] = [Format::F32, Format::Bf16, Format::Q4_1, Format::Q8_0, Format::Q4K, Format::Q6K];
+const FORMATS: [Format; 6] = [
+    Format::F32,
+    Format::Bf16,
+    Format::Q4_1,
+    Format::Q8_0,
+    Format::Q4K,
+    Format::Q6K,
+];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(16))]

@@ -18,13 +18,20 @@ fn check(path: &std::path::Path, prompt_text: &str, n: usize) {
     let engine = Engine::load(path).unwrap();
     let prompt = engine.encode(prompt_text).unwrap();
     let reference = Reference::load(path, engine.bundle().model.config.clone());
-    assert_eq!(engine_greedy(&engine, &prompt, n), reference.greedy(&prompt, n), "{}", path.display());
+    assert_eq!(
+        engine_greedy(&engine, &prompt, n),
+        reference.greedy(&prompt, n),
+        "{}",
+        path.display()
+    );
 }
 
 #[test]
 fn mathformer_matches_reference() {
     for op in ["add", "sub", "mul", "div"] {
-        let Some(p) = registry_model(&format!("mathformer/{op}former")) else { return };
+        let Some(p) = registry_model(&format!("mathformer/{op}former")) else {
+            return;
+        };
         check(&p, "3+4=", 3);
         check(&p, "81-27=", 3);
     }
@@ -32,7 +39,9 @@ fn mathformer_matches_reference() {
 
 #[test]
 fn mathformer_adds() {
-    let Some(p) = registry_model("mathformer/addformer") else { return };
+    let Some(p) = registry_model("mathformer/addformer") else {
+        return;
+    };
     let engine = Engine::load(&p).unwrap();
     let mut req = GenerateRequest::new(Prompt::Text("3+4=".into()));
     req.max_tokens = 8;
@@ -41,7 +50,9 @@ fn mathformer_adds() {
 
 #[test]
 fn smollm2_first_tokens_match_reference() {
-    let Some(p) = registry_model("smollm2-135m-instruct-q4_1.gguf") else { return };
+    let Some(p) = registry_model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
     check(&p, "The capital of France is", 3);
 }
 

@@ -8,7 +8,10 @@ use tensorfold_models::synth::{self, SynthSpec};
 
 /// The workspace's `models/` folder (`cargo xtask models` fills it).
 pub fn models_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("models")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .join("models")
 }
 
 /// A registry model, or `None` with a note when it has not been fetched.
@@ -29,7 +32,11 @@ pub fn registry_model(rel: &str) -> Option<PathBuf> {
 pub fn synth_model(name: &str, spec: &SynthSpec, gguf: bool) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tensorfold-fixtures-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(if gguf { format!("{name}.gguf") } else { name.to_string() });
+    let path = dir.join(if gguf {
+        format!("{name}.gguf")
+    } else {
+        name.to_string()
+    });
     if path.exists() {
         return path;
     }

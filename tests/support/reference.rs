@@ -44,7 +44,10 @@ impl Reference {
             let content = gguf_file::Content::read(&mut f).unwrap();
             for name in content.tensor_infos.keys() {
                 let q = content.tensor(&mut f, name, &dev).unwrap();
-                w.insert(name.clone(), q.dequantize(&dev).unwrap().to_dtype(DType::F64).unwrap());
+                w.insert(
+                    name.clone(),
+                    q.dequantize(&dev).unwrap().to_dtype(DType::F64).unwrap(),
+                );
             }
         } else {
             for entry in std::fs::read_dir(path).unwrap() {
@@ -60,13 +63,17 @@ impl Reference {
     }
 
     fn t(&self, name: &str) -> &Tensor {
-        self.w.get(name).unwrap_or_else(|| panic!("reference: no tensor {name}"))
+        self.w
+            .get(name)
+            .unwrap_or_else(|| panic!("reference: no tensor {name}"))
     }
 
     fn rms(&self, x: &Tensor, weight: &Tensor) -> Tensor {
         let eps = self.config.rms_eps as f64;
         let var = x.sqr().unwrap().mean_keepdim(D::Minus1).unwrap();
-        let x = x.broadcast_div(&(var + eps).unwrap().sqrt().unwrap()).unwrap();
+        let x = x
+            .broadcast_div(&(var + eps).unwrap().sqrt().unwrap())
+            .unwrap();
         x.broadcast_mul(weight).unwrap()
     }
 
@@ -104,8 +111,9 @@ impl Reference {
         let seq = tokens.len();
         let ids = Tensor::new(tokens, &Device::Cpu).unwrap();
         let mut x = self.t("token_embd.weight").index_select(&ids, 0).unwrap();
-        let mask: Vec<f64> =
-            (0..seq).flat_map(|i| (0..seq).map(move |j| if j <= i { 0.0 } else { f64::NEG_INFINITY })).collect();
+        let mask: Vec<f64> = (0..seq)
+            .flat_map(|i| (0..seq).map(move |j| if j <= i { 0.0 } else { f64::NEG_INFINITY }))
+            .collect();
         let mask = Tensor::from_vec(mask, (seq, seq), &Device::Cpu).unwrap();
         let group = c.heads / c.kv_heads;
         for l in 0..c.layers {
@@ -132,9 +140,13 @@ impl Reference {
                 let qh = q.i((.., h, ..)).unwrap();
                 let kh = k.i((.., h / group, ..)).unwrap();
                 let vh = v.i((.., h / group, ..)).unwrap();
-                let s = (qh.matmul(&kh.t().unwrap()).unwrap() / (c.head_dim as f64).sqrt()).unwrap();
+                let s =
+                    (qh.matmul(&kh.t().unwrap()).unwrap() / (c.head_dim as f64).sqrt()).unwrap();
                 let s = s.broadcast_add(&mask).unwrap();
-                let p = candle_core::Tensor::exp(&s.broadcast_sub(&s.max_keepdim(D::Minus1).unwrap()).unwrap()).unwrap();
+                let p = candle_core::Tensor::exp(
+                    &s.broadcast_sub(&s.max_keepdim(D::Minus1).unwrap()).unwrap(),
+                )
+                .unwrap();
                 let p = p.broadcast_div(&p.sum_keepdim(D::Minus1).unwrap()).unwrap();
                 heads.push(p.matmul(&vh.contiguous().unwrap()).unwrap());
             }
@@ -147,8 +159,15 @@ impl Reference {
             x = (x + Self::linear(&(silu * u).unwrap(), self.t(&n("ffn_down.weight")))).unwrap();
         }
         let last = self.rms(&x.i(seq - 1..seq).unwrap(), self.t("output_norm.weight"));
-        let head = self.w.get("output.weight").unwrap_or_else(|| self.t("token_embd.weight"));
-        Self::linear(&last, head).flatten_all().unwrap().to_vec1().unwrap()
+        let head = self
+            .w
+            .get("output.weight")
+            .unwrap_or_else(|| self.t("token_embd.weight"));
+        Self::linear(&last, head)
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap()
     }
 
     /// Greedy continuation of `prompt` for `n` tokens.

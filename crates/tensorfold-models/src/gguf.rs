@@ -100,12 +100,20 @@ impl GgufFile {
             // candle appends a backtrace when RUST_BACKTRACE is set: keep the message.
             let e = e.to_string();
             let first = e.lines().next().unwrap_or_default();
-            ModelError::Malformed(format!("{}: not a readable GGUF file: {first}", path.display()))
+            ModelError::Malformed(format!(
+                "{}: not a readable GGUF file: {first}",
+                path.display()
+            ))
         })?;
-        let file_len = file.get_ref().metadata().map_err(|e| ModelError::io(path, e))?.len();
+        let file_len = file
+            .get_ref()
+            .metadata()
+            .map_err(|e| ModelError::io(path, e))?
+            .len();
         for (name, info) in &content.tensor_infos {
-            let bytes = Format::from_ggml(info.ggml_dtype)
-                .map_or(0, |f| (info.shape.elem_count() / f.block_elems() * f.block_bytes()) as u64);
+            let bytes = Format::from_ggml(info.ggml_dtype).map_or(0, |f| {
+                (info.shape.elem_count() / f.block_elems() * f.block_bytes()) as u64
+            });
             if content.tensor_data_offset + info.offset + bytes > file_len {
                 return Err(ModelError::Malformed(format!(
                     "{}: truncated: tensor {name} lies past the end of the file",

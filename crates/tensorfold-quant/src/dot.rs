@@ -2,46 +2,33 @@
 //!
 //! Eight running sums over consecutive lanes, a scalar tail, then a fixed
 //! pairwise combine. Rust never reassociates floating point, so the result
-//! is a function of the inputs alone; the AVX build of the same body runs
-//! the same additions in wider registers and gives the same bits.
+//! is a function of the inputs alone: on x86-64 the loop compiles to one
+//! eight-lane AVX register whose lanes are exactly the eight sums.
 
 #[inline(always)]
 fn dot_body(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; 8];
-    let chunks = n / 8;
-    for c in 0..chunks {
-        let (x, y) = (&a[c * 8..c * 8 + 8], &b[c * 8..c * 8 + 8]);
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
         for l in 0..8 {
             acc[l] += x[l] * y[l];
         }
     }
     let mut tail = 0f32;
-    for i in chunks * 8..n {
-        tail += a[i] * b[i];
+    for (x, y) in at.iter().zip(bt) {
+        tail += x * y;
     }
     let s0 = (acc[0] + acc[4]) + (acc[2] + acc[6]);
     let s1 = (acc[1] + acc[5]) + (acc[3] + acc[7]);
     (s0 + s1) + tail
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx")]
-unsafe fn dot_avx(a: &[f32], b: &[f32]) -> f32 {
-    dot_body(a, b)
-}
-
 /// Dot product over the common length of `a` and `b`, in the fixed order.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx") {
-            // SAFETY: the CPU supports AVX, checked just above.
-            return unsafe { dot_avx(a, b) };
-        }
-    }
     dot_body(a, b)
 }
 
@@ -64,18 +51,14 @@ mod tests {
     }
 
     #[test]
-    fn avx_and_portable_bodies_agree_bitwise() {
-        let a: Vec<f32> = (0..1000)
-            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
-            .collect();
-        let b: Vec<f32> = (0..1000)
-            .map(|i| ((i * 104729) % 1000) as f32 / 991.0 - 0.5)
-            .collect();
-        for n in [1, 7, 8, 9, 63, 64, 65, 999, 1000] {
-            assert_eq!(
-                dot(&a[..n], &b[..n]).to_bits(),
-                dot_body(&a[..n], &b[..n]).to_bits()
-            );
-        }
+    fn the_order_is_fixed_by_length() {
+        // Eight lanes, then the tail: a value placed in lane 0 and one in
+        // the tail are added last, so 1e8 + 1 - 1e8 differs from the naive sum.
+        let mut a = vec![0f32; 9];
+        a[0] = 1e8;
+        a[1] = -1e8;
+        a[8] = 1.0;
+        let ones = vec![1f32; 9];
+        assert_eq!(dot(&a, &ones), 1.0);
     }
 }

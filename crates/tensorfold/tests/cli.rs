@@ -31,9 +31,23 @@ fn info_reads_the_header() {
 
 fn assert_refused(path: &Path, needle: &str) {
     for cmd in ["info", "run"] {
-        let out = bin().arg(cmd).arg(path).args(["--prompt", "x"].iter().take(if cmd == "run" { 2 } else { 0 })).output().unwrap();
+        let out = bin()
+            .arg(cmd)
+            .arg(path)
+            .args(
+                ["--prompt", "x"]
+                    .iter()
+                    .take(if cmd == "run" { 2 } else { 0 }),
+            )
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{cmd} {}: {err}", path.display());
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{cmd} {}: {err}",
+            path.display()
+        );
         assert!(err.contains(needle), "{cmd}: {err}");
         assert!(!err.contains("panicked"), "{err}");
     }
@@ -53,13 +67,25 @@ fn malformed_and_unsupported_files_are_refused_cleanly() {
     let dir = fixture("falcon");
     synth::write_hf(&dir, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(dir.join("config.json"), cfg.replace("LlamaForCausalLM", "FalconForCausalLM")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "FalconForCausalLM"),
+    )
+    .unwrap();
     assert_refused(&dir, "architecture 'FalconForCausalLM' is not supported");
 
     let q = fixture("gptq");
     synth::write_hf(&q, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
     let cfg = std::fs::read_to_string(q.join("config.json")).unwrap();
-    std::fs::write(q.join("config.json"), cfg.replacen('{', "{\"quantization_config\": {\"quant_method\": \"gptq\"},", 1)).unwrap();
+    std::fs::write(
+        q.join("config.json"),
+        cfg.replacen(
+            '{',
+            "{\"quantization_config\": {\"quant_method\": \"gptq\"},",
+            1,
+        ),
+    )
+    .unwrap();
     assert_refused(&q, "gptq");
 
     assert_refused(&fixture("missing.gguf"), "no such file");
@@ -68,9 +94,30 @@ fn malformed_and_unsupported_files_are_refused_cleanly() {
 #[test]
 fn run_prints_the_reply_alone() {
     let path = tiny_gguf();
-    let args = ["--prompt", "hello", "--max-tokens", "12", "--temperature", "0.8", "--seed", "3"];
-    let a = bin().arg("run").arg(&path).args(args).arg("--ignore-eos").output().unwrap();
-    let b = bin().arg("run").arg(&path).args(args).arg("--ignore-eos").output().unwrap();
+    let args = [
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "12",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+    ];
+    let a = bin()
+        .arg("run")
+        .arg(&path)
+        .args(args)
+        .arg("--ignore-eos")
+        .output()
+        .unwrap();
+    let b = bin()
+        .arg("run")
+        .arg(&path)
+        .args(args)
+        .arg("--ignore-eos")
+        .output()
+        .unwrap();
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     assert_eq!(a.stdout, b.stdout, "same seed, same bytes");
     assert!(String::from_utf8_lossy(&a.stderr).contains("tokens/s"));
