@@ -17,8 +17,12 @@ mod sampling;
 mod template;
 mod text;
 
-pub use engine::{Completion, Engine, EngineError, FinishReason, GenerateRequest, Prompt};
+pub use engine::{
+    Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Prompt,
+    TokenLogprob,
+};
 pub use sampling::{argmax, prompt_seed, Pick, Sampler, SamplingParams};
 pub use template::ChatTemplate;
 pub use tensorfold_models as models;
+pub use tensorfold_spec::DraftStats;
 pub use text::{Delta, TextStream};

@@ -38,6 +38,21 @@ pub struct SamplingArgs {
     pub seed: Option<u64>,
 }
 
+/// Drafting flags shared by commands that generate.
+#[derive(Args, Clone)]
+pub struct DraftArgs {
+    /// `auto`, `none`, `context`, or the path of a draft model sharing the
+    /// target's tokenizer.
+    #[arg(long, default_value = "auto")]
+    pub drafter: String,
+    /// A draft model for `--drafter auto` to consider beside context copies.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Serial decode: the reference every drafted reply equals.
+    #[arg(long)]
+    pub no_drafts: bool,
+}
+
 #[derive(Args)]
 pub struct RunArgs {
     /// A GGUF file or a Hugging Face model directory.
@@ -56,6 +71,8 @@ pub struct RunArgs {
     pub stop: Vec<String>,
     #[arg(long)]
     pub ignore_eos: bool,
+    #[command(flatten)]
+    pub draft: DraftArgs,
 }
 
 #[derive(Args)]

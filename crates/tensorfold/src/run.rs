@@ -1,9 +1,10 @@
 //! `tensorfold run` and `tensorfold info`.
 
-use crate::cli::{InfoArgs, RunArgs, SamplingArgs};
+use crate::cli::{DraftArgs, InfoArgs, RunArgs, SamplingArgs};
 use anyhow::Result;
 use std::io::Write;
-use tensorfold_engine::{Engine, GenerateRequest, Prompt, SamplingParams};
+use std::path::Path;
+use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
 use tensorfold_models::GenerationDefaults;
 
 /// Flags over the model's own defaults over greedy.
@@ -17,8 +18,28 @@ pub fn sampling(args: &SamplingArgs, defaults: &GenerationDefaults) -> SamplingP
     }
 }
 
+/// Loads the target and sets up drafting as the flags say.
+pub fn load_engine(model: &Path, draft: &DraftArgs) -> Result<Engine> {
+    let mut engine = Engine::load(model)?;
+    if let Some(p) = &draft.draft_model {
+        engine.set_draft_model(p)?;
+    }
+    let choice = match draft.drafter.as_str() {
+        _ if draft.no_drafts => DrafterChoice::None,
+        "auto" => DrafterChoice::Auto,
+        "none" => DrafterChoice::None,
+        "context" => DrafterChoice::Context,
+        path => {
+            engine.set_draft_model(Path::new(path))?;
+            DrafterChoice::Model
+        }
+    };
+    engine.set_drafter(choice)?;
+    Ok(engine)
+}
+
 pub fn run(args: RunArgs) -> Result<()> {
-    let engine = Engine::load(&args.model)?;
+    let engine = load_engine(&args.model, &args.draft)?;
     let prompt = if args.chat {
         Prompt::chat_user(&args.prompt)
     } else {
@@ -45,6 +66,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         decode_s,
         out.completion_tokens as f64 / decode_s.max(1e-9),
         out.finish_reason
+    );
+    eprintln!(
+        "drafted {}, accepted {}, rounds {} ({:.2} tokens/round)",
+        out.draft.drafted,
+        out.draft.accepted,
+        out.draft.rounds,
+        out.draft.tokens_per_round()
     );
     Ok(())
 }
