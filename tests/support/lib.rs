@@ -1,6 +1,7 @@
 //! Shared helpers for the end-to-end tests: model paths, fixtures, and an
 //! independent f64 reference forward.
 
+pub mod exact;
 pub mod reference;
 
 use std::path::{Path, PathBuf};

@@ -1,10 +1,22 @@
 //! Project tasks: `cargo xtask models`, `cargo xtask bench`.
 
 mod bench;
-mod models;
 
 use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// Fetches into the workspace's `models/`.
+fn fetch(all: bool) -> Result<()> {
+    tensorfold_registry::fetch(&workspace_root().join("models"), all)
+}
 
 use clap::{Parser, Subcommand};
 
@@ -27,21 +39,56 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Fetch the test models, then run every test suite.
     Test,
+    /// The exactness suite: drafted against serial, token for token.
+    Exact {
+        /// Only the fast subset CI runs.
+        #[arg(long)]
+        fast: bool,
+    },
 }
 
 fn main() -> Result<()> {
     match Cli::parse().task {
-        Task::Models { all } => models::fetch(all),
+        Task::Models { all } => fetch(all),
         Task::Bench(args) => bench::run(args),
         Task::Test => test(),
+        Task::Exact { fast } => {
+            fetch(false)?;
+            let mut args = vec![
+                "run",
+                "--release",
+                "--quiet",
+                "-p",
+                "tensorfold-tests",
+                "--bin",
+                "exact",
+                "--",
+            ];
+            if fast {
+                args.push("--fast");
+            }
+            cargo(&args)
+        }
     }
+}
+
+/// Runs cargo in the workspace root; fails when it fails.
+fn cargo(args: &[&str]) -> Result<()> {
+    let status = Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args(args)
+        .status()?;
+    if !status.success() {
+        bail!("cargo {} failed", args.join(" "));
+    }
+    Ok(())
 }
 
 /// The whole test run, as CI runs it: registry models must be present.
 fn test() -> Result<()> {
-    models::fetch(false)?;
+    fetch(false)?;
     let status = Command::new(env!("CARGO"))
-        .current_dir(models::workspace_root())
+        .current_dir(workspace_root())
         .args(["test", "--workspace", "--exclude", "xtask"])
         .env("TENSORFOLD_REQUIRE_MODELS", "1")
         .status()?;

@@ -20,6 +20,38 @@ pub enum Command {
     Run(RunArgs),
     /// Print a model's architecture, sizes and quant types from its header.
     Info(InfoArgs),
+    /// Serve the OpenAI API over HTTP.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A GGUF file or Hugging Face directory; default: SmolLM2 in models/,
+    /// fetched if missing.
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// The model id clients use (default: the file name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Reply length when a request sets none.
+    #[arg(long, default_value_t = 1024)]
+    pub max_tokens: usize,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub draft: DraftArgs,
+    /// Require `Authorization: Bearer KEY`.
+    #[arg(long, env = "TENSORFOLD_API_KEY")]
+    pub api_key: Option<String>,
+    /// Largest request body accepted.
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body_bytes: usize,
+    /// Requests that may wait before new ones get 503.
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
 }
 
 /// Sampling flags shared by commands that generate.

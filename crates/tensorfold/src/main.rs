@@ -2,6 +2,7 @@
 
 mod cli;
 mod run;
+mod serve;
 
 use clap::Parser;
 
@@ -10,6 +11,7 @@ fn main() -> std::process::ExitCode {
     let result = match args.command {
         cli::Command::Run(a) => run::run(a),
         cli::Command::Info(a) => run::info(a),
+        cli::Command::Serve(a) => serve::serve(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

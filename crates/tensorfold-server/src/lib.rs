@@ -1,0 +1,168 @@
+//! An OpenAI-compatible HTTP server over the TensorFold engine.
+//!
+//! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `POST /v1/responses`, `GET /metrics`. Replies are
+//! the engine's, so a drafted reply is byte-identical to `"draft": false`.
+//!
+//! ```no_run
+//! # async fn f() -> std::io::Result<()> {
+//! let engine = tensorfold_engine::Engine::load("models/smollm2-135m-instruct-q4_1.gguf".as_ref()).unwrap();
+//! let config = tensorfold_server::ServerConfig::new("smollm2");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! tensorfold_server::serve(listener, engine, config).await
+//! # }
+//! ```
+
+mod chat;
+mod completions;
+mod error;
+mod metrics;
+mod request;
+mod tools;
+mod worker;
+
+pub use error::ApiError;
+pub use metrics::{rss_bytes, Metrics};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use std::sync::Arc;
+use tensorfold_engine::{Engine, SamplingParams};
+use worker::Worker;
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The model id clients name.
+    pub name: String,
+    /// Reply length when a request sets none.
+    pub max_tokens: usize,
+    /// Sampling when a request sets none (the model's generation config).
+    pub sampling: SamplingParams,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// Requests that may wait for the worker before new ones get 503.
+    pub queue: usize,
+}
+
+impl ServerConfig {
+    pub fn new(name: &str) -> ServerConfig {
+        ServerConfig {
+            name: name.to_string(),
+            max_tokens: 1024,
+            sampling: SamplingParams::default(),
+            api_key: None,
+            max_body_bytes: 8 << 20,
+            queue: 64,
+        }
+    }
+}
+
+pub(crate) struct AppState {
+    pub engine: Arc<Engine>,
+    pub config: ServerConfig,
+    pub worker: Worker,
+    pub metrics: Arc<Metrics>,
+}
+
+pub(crate) type Shared = Arc<AppState>;
+
+/// Builds the router (for embedding in another axum app or tests), with the
+/// counters it updates.
+pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
+    let engine = Arc::new(engine);
+    let metrics = Arc::new(Metrics::default());
+    let worker = Worker::start(engine.clone(), config.queue, metrics.clone());
+    let limit = config.max_body_bytes;
+    let state = Arc::new(AppState {
+        engine,
+        config,
+        worker,
+        metrics: metrics.clone(),
+    });
+    let api = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/responses", post(chat::responses))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            authorize,
+        ));
+    let app = Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics_text))
+        .merge(api)
+        .fallback(|| async { ApiError::not_found("unknown route", "not_found") })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state);
+    (app, metrics)
+}
+
+/// Serves until the listener fails or the process is stopped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    engine: Engine,
+    config: ServerConfig,
+) -> std::io::Result<()> {
+    let (app, _) = router(engine, config);
+    axum::serve(listener, app).await
+}
+
+/// Bearer check with a constant-time comparison.
+async fn authorize(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.config.api_key {
+        use subtle::ConstantTimeEq;
+        let given = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.config.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tensorfold",
+            "max_model_len": s.engine.window(),
+        }],
+    }))
+}
+
+async fn metrics_text(State(s): State<Shared>) -> impl IntoResponse {
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+}
+
+pub(crate) fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub(crate) fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!(
+        "{prefix}-{:x}{:06x}",
+        now(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,85 @@
+//! `tensorfold serve`.
+
+use crate::cli::ServeArgs;
+use crate::run::{load_engine, sampling};
+use anyhow::{Context, Result};
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tensorfold_server::{Metrics, ServerConfig};
+
+pub fn serve(args: ServeArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let model = match &args.model {
+        Some(p) => p.clone(),
+        None => {
+            let dir = tensorfold_registry::models_dir();
+            tracing::info!(
+                "no model given: using the default model in {}",
+                dir.display()
+            );
+            tensorfold_registry::fetch_default(&dir).context("fetching the default model")?
+        }
+    };
+    let engine = load_engine(&model, &args.draft)?;
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| engine.bundle().name.clone());
+    let mut config = ServerConfig::new(&name);
+    config.max_tokens = args.max_tokens;
+    config.sampling = sampling(&args.sampling, &engine.bundle().defaults);
+    config.api_key = args.api_key.clone();
+    config.max_body_bytes = args.max_body_bytes;
+    config.queue = args.queue;
+    let window = engine.window();
+    let drafter = engine.drafter();
+    let (app, metrics) = tensorfold_server::router(engine, config);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", args.host, args.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .with_context(|| format!("binding {addr}"))?;
+        tracing::info!(model = %name, window, drafter = ?drafter, "listening on http://{addr}");
+        if std::io::stderr().is_terminal() {
+            tokio::spawn(live_line(metrics));
+        }
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown())
+            .await?;
+        Ok(())
+    })
+}
+
+async fn shutdown() {
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// One status line, rewritten in place: throughput, queue, memory.
+async fn live_line(m: Arc<Metrics>) {
+    let mut last = 0;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = m.completion_tokens_live.load(Ordering::Relaxed);
+        eprint!(
+            "\r\x1b[2K{:>6} tok/s | running {} | queued {} | {} requests | {:.0} MiB",
+            now - last,
+            m.running.load(Ordering::Relaxed),
+            m.queued.load(Ordering::Relaxed),
+            m.requests.load(Ordering::Relaxed),
+            tensorfold_server::rss_bytes() as f64 / (1 << 20) as f64
+        );
+        last = now;
+    }
+}

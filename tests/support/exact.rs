@@ -1,0 +1,210 @@
+//! The exactness suite: every case is served serially (`draft: false`) and
+//! drafted, and the two replies must be the same tokens and the same bytes.
+
+use crate::{models_dir, synth_model};
+use std::path::PathBuf;
+use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
+use tensorfold_models::synth::SynthSpec;
+use tensorfold_models::{Arch, Format};
+
+/// One model of the suite with the drafters that apply to it.
+struct Subject {
+    name: String,
+    target: PathBuf,
+    draft: Option<PathBuf>,
+    chat: bool,
+    /// Large models run the fast case set even in the full suite.
+    heavy: bool,
+}
+
+pub struct Outcome {
+    pub case: String,
+    pub identical: bool,
+    pub tokens: usize,
+    pub tokens_per_round: f64,
+}
+
+fn subjects(full: bool) -> Vec<Subject> {
+    let tiny = |name: &str, arch, format, seed, gguf| {
+        synth_model(name, &SynthSpec::tiny(arch, format, seed), gguf)
+    };
+    let mut out = vec![
+        Subject {
+            name: "tiny-llama-q4_1".into(),
+            target: tiny("exact-llama-q4_1", Arch::Llama, Format::Q4_1, 21, true),
+            draft: Some(tiny(
+                "exact-draft-q8_0",
+                Arch::Llama,
+                Format::Q8_0,
+                22,
+                true,
+            )),
+            chat: true,
+            heavy: false,
+        },
+        Subject {
+            name: "tiny-qwen2-bf16".into(),
+            target: tiny("exact-qwen2-bf16", Arch::Qwen2, Format::Bf16, 23, false),
+            draft: Some(tiny(
+                "exact-draft-q8_0",
+                Arch::Llama,
+                Format::Q8_0,
+                22,
+                true,
+            )),
+            chat: true,
+            heavy: false,
+        },
+        Subject {
+            name: "tiny-qwen3-q6_k".into(),
+            target: tiny("exact-qwen3-q6_k", Arch::Qwen3, Format::Q6K, 24, true),
+            draft: None,
+            chat: true,
+            heavy: false,
+        },
+    ];
+    let m = models_dir();
+    let real = [
+        (
+            "mathformer-add",
+            m.join("mathformer/addformer"),
+            None,
+            false,
+        ),
+        (
+            "smollm2-135m",
+            m.join("smollm2-135m-instruct-q4_1.gguf"),
+            None,
+            true,
+        ),
+    ];
+    for (name, target, draft, chat) in real {
+        if target.exists() {
+            out.push(Subject {
+                name: name.into(),
+                target,
+                draft,
+                chat,
+                heavy: false,
+            });
+        }
+    }
+    let (q05, q15) = (
+        m.join("qwen2.5-coder-0.5b-instruct.gguf"),
+        m.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
+    );
+    if full && q05.exists() && q15.exists() {
+        out.push(Subject {
+            name: "qwen2.5-coder-1.5b".into(),
+            target: q15,
+            draft: Some(q05),
+            chat: true,
+            heavy: true,
+        });
+    }
+    out
+}
+
+fn samplers(full: bool) -> Vec<(&'static str, SamplingParams)> {
+    let s = |temperature, top_k, top_p, min_p, seed| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+    };
+    let mut v = vec![
+        ("greedy", SamplingParams::greedy()),
+        ("t0.8,k40,seed1", s(0.8, Some(40), 1.0, 0.0, Some(1))),
+    ];
+    if full {
+        v.push(("t1.0,p0.9,seed2", s(1.0, None, 0.9, 0.0, Some(2))));
+        v.push(("t0.7,minp0.05,noseed", s(0.7, None, 1.0, 0.05, None)));
+    }
+    v
+}
+
+const CODE: &str = "Here is some code:\n\nfn area(w: f64, h: f64) -> f64 {\n    w * h\n}\n\nfn perimeter(w: f64, h: f64) -> f64 {\n    2.0 * (w + h)\n}\n\nRepeat the code exactly, then rename `w` to `width`.";
+const CHAT: &str = "Tell me about the history of the bicycle in three sentences.";
+
+fn prompts(s: &Subject) -> Vec<(&'static str, Prompt)> {
+    if !s.chat {
+        return vec![
+            ("sum", Prompt::Text("3+4=".into())),
+            ("sum2", Prompt::Text("12+30=".into())),
+        ];
+    }
+    vec![
+        ("code", Prompt::chat_user(CODE)),
+        ("chat", Prompt::chat_user(CHAT)),
+    ]
+}
+
+/// Request shapes beyond the plain one: stops and length edges.
+fn shapes(full: bool) -> Vec<(&'static str, usize, Vec<String>, bool)> {
+    let mut v = vec![("max48", 48, vec![], false), ("max1", 1, vec![], false)];
+    if full {
+        v.push(("max2", 2, vec![], false));
+        v.push((
+            "stop",
+            48,
+            vec!["\n\n".to_string(), "the".to_string()],
+            false,
+        ));
+        v.push(("ignore_eos", 40, vec![], true));
+    }
+    v
+}
+
+/// Runs the suite; `on_case` sees each outcome as it finishes.
+pub fn run(full: bool, on_case: &mut dyn FnMut(&Outcome)) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    for s in subjects(full) {
+        let mut engine = Engine::load(&s.target).expect("suite model loads");
+        let mut drafters = vec![
+            ("context", DrafterChoice::Context),
+            ("auto", DrafterChoice::Auto),
+        ];
+        if let Some(d) = &s.draft {
+            engine.set_draft_model(d).expect("draft pair");
+            drafters.push(("model", DrafterChoice::Model));
+        }
+        for (pname, prompt) in prompts(&s) {
+            let wide = full && !s.heavy;
+            for (sname, sampling) in samplers(wide) {
+                for (shape, max_tokens, stop, ignore_eos) in shapes(wide) {
+                    let mut req = GenerateRequest::new(prompt.clone());
+                    req.max_tokens = max_tokens;
+                    req.sampling = sampling.clone();
+                    req.stop = stop.clone();
+                    req.ignore_eos = ignore_eos;
+                    req.draft = false;
+                    let serial = engine.generate(&req, &mut |_| true).expect("serial run");
+                    req.draft = true;
+                    for (dname, choice) in &drafters {
+                        engine.set_drafter(*choice).unwrap();
+                        let mut streamed = String::new();
+                        let drafted = engine
+                            .generate(&req, &mut |d| {
+                                streamed.push_str(d);
+                                true
+                            })
+                            .expect("drafted run");
+                        let o = Outcome {
+                            case: format!("{}/{pname}/{sname}/{shape}/{dname}", s.name),
+                            identical: drafted.tokens == serial.tokens
+                                && drafted.text == serial.text
+                                && streamed == serial.text
+                                && drafted.finish_reason == serial.finish_reason,
+                            tokens: serial.completion_tokens,
+                            tokens_per_round: drafted.draft.tokens_per_round(),
+                        };
+                        on_case(&o);
+                        outcomes.push(o);
+                    }
+                }
+            }
+        }
+    }
+    outcomes
+}
