@@ -9,7 +9,8 @@ use tensorfold_models::{Arch, Format, Logits, Model};
 use tensorfold_tests::synth_model;
 
 fn model(arch: Arch, format: Format, seed: u64) -> Model {
-    let gguf = !matches!(format, Format::F32 | Format::F16 | Format::Bf16) || seed % 2 == 0;
+    let gguf =
+        !matches!(format, Format::F32 | Format::F16 | Format::Bf16) || seed.is_multiple_of(2);
     let spec = SynthSpec::tiny(arch, format, seed);
     let path = synth_model(&format!("inv-{}-{format}-{seed}", arch.name()), &spec, gguf);
     tensorfold_models::load(&path).unwrap().model

@@ -16,8 +16,7 @@ pub struct Reference {
 }
 
 fn hf_to_gguf(name: &str) -> String {
-    let n = name
-        .replace("model.embed_tokens.weight", "token_embd.weight")
+    name.replace("model.embed_tokens.weight", "token_embd.weight")
         .replace("model.norm.weight", "output_norm.weight")
         .replace("lm_head.weight", "output.weight")
         .replace("model.layers.", "blk.")
@@ -31,8 +30,7 @@ fn hf_to_gguf(name: &str) -> String {
         .replace("self_attn.k_norm", "attn_k_norm")
         .replace("mlp.gate_proj", "ffn_gate")
         .replace("mlp.up_proj", "ffn_up")
-        .replace("mlp.down_proj", "ffn_down");
-    n
+        .replace("mlp.down_proj", "ffn_down")
 }
 
 impl Reference {

@@ -86,14 +86,28 @@ fn cargo(args: &[&str]) -> Result<()> {
 
 /// The whole test run, as CI runs it: registry models must be present.
 fn test() -> Result<()> {
+    let root = workspace_root();
     fetch(false)?;
+    tensorfold_registry::fetch_qwen_small(&root.join("models"))?;
     let status = Command::new(env!("CARGO"))
-        .current_dir(workspace_root())
+        .current_dir(&root)
         .args(["test", "--workspace", "--exclude", "xtask"])
         .env("TENSORFOLD_REQUIRE_MODELS", "1")
         .status()?;
     if !status.success() {
         bail!("cargo test failed");
+    }
+    // The server suite drives the binary the tests just built.
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let status = Command::new("python3")
+        .current_dir(&root)
+        .args(["-m", "pytest", "tests/python", "-q"])
+        .env("TENSORFOLD_BIN", target.join("debug").join("tensorfold"))
+        .env("TENSORFOLD_REQUIRE_MODELS", "1")
+        .status()?;
+    if !status.success() {
+        bail!("server tests failed");
     }
     Ok(())
 }

@@ -149,7 +149,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn load(path: &Path) -> Result<Engine, EngineError> {
-        Ok(Engine::from_bundle(tensorfold_models::load(path)?)?)
+        Engine::from_bundle(tensorfold_models::load(path)?)
     }
 
     pub fn from_bundle(bundle: Bundle) -> Result<Engine, EngineError> {

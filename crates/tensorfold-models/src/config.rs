@@ -68,13 +68,13 @@ impl ModelConfig {
         if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
                 "{} heads do not group over {} kv heads",
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!(
                 "head_dim {} must be even for rotary embeddings",
                 self.head_dim

@@ -29,7 +29,7 @@ impl Matrix {
     pub fn new(rows: usize, cols: usize, storage: Storage) -> Result<Matrix, QuantError> {
         let format = storage_format(&storage);
         let block = format.block_elems();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(QuantError::Shape {
                 format,
                 cols,
@@ -67,7 +67,7 @@ impl Matrix {
         bytes: &[u8],
     ) -> Result<Matrix, QuantError> {
         let expected = format.matrix_bytes(rows, cols);
-        if bytes.len() != expected || cols % format.block_elems() != 0 {
+        if bytes.len() != expected || !cols.is_multiple_of(format.block_elems()) {
             return Err(QuantError::Size {
                 format,
                 rows,
@@ -113,7 +113,7 @@ impl Matrix {
             Format::F16 => Storage::F16(values.iter().map(|&v| f16::from_f32(v)).collect()),
             Format::Bf16 => Storage::Bf16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
             q => {
-                if cols % q.block_elems() != 0 {
+                if !cols.is_multiple_of(q.block_elems()) {
                     return Err(QuantError::Shape {
                         format: q,
                         cols,

@@ -232,6 +232,14 @@ pub fn fetch_default(models: &Path) -> Result<PathBuf> {
     Ok(models.join(DEFAULT_MODEL))
 }
 
+/// Fetches the Qwen2.5-Coder 0.5B model (its template speaks tools).
+pub fn fetch_qwen_small(models: &Path) -> Result<PathBuf> {
+    fs::create_dir_all(models)?;
+    let m = qwen_05b();
+    fetch_single(models, &m)?;
+    Ok(models.join(m.target))
+}
+
 /// Fetches SmolLM2 and mathformer, and with `all` the Qwen2.5-Coder pair.
 pub fn fetch(models: &Path, all: bool) -> Result<()> {
     fs::create_dir_all(models)?;

@@ -209,7 +209,11 @@ impl ChatCall {
     fn outcome(&self, c: &Completion) -> (String, Vec<Value>) {
         match &self.tools {
             Some(tools) => {
-                let (text, calls) = tools::parse(&c.text);
+                let offered: Vec<&str> = tools
+                    .iter()
+                    .filter_map(|t| t["function"]["name"].as_str())
+                    .collect();
+                let (text, calls) = tools::parse(&c.text, &offered);
                 let calls = openai_tool_calls(&calls, tools, self.parallel);
                 (
                     if calls.is_empty() {
@@ -378,8 +382,14 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
     Ok(Sse::new(stream.chain(done)).into_response())
 }
 
-/// Bytes of `text` that cannot be the start of a tool call.
+/// Bytes of `text` that cannot be part of a tool call: everything before a
+/// `<tool_call>` tag (or a partial one at the end), and nothing of a reply
+/// that starts like a bare call object.
 fn safe_prefix(text: &str) -> usize {
+    let lead = text.trim_start();
+    if lead.is_empty() || lead.starts_with(['{', '[', '`']) {
+        return 0;
+    }
     if let Some(i) = text.find(tools::OPEN) {
         return i;
     }

@@ -15,11 +15,48 @@ pub struct ToolCall {
     pub arguments: Value,
 }
 
+fn call_of(v: &Value) -> Option<ToolCall> {
+    let name = v["name"].as_str()?;
+    Some(ToolCall {
+        name: name.to_string(),
+        arguments: match &v["arguments"] {
+            Value::String(s) => serde_json::from_str(s).unwrap_or(json!({})),
+            Value::Null => json!({}),
+            other => other.clone(),
+        },
+    })
+}
+
+/// A reply that is nothing but a call object (or a list of them), bare or
+/// in a ```json fence, naming offered functions: small models often answer
+/// so instead of writing the tags.
+fn bare_calls(text: &str, offered: &[&str]) -> Option<Vec<ToolCall>> {
+    let t = text.trim();
+    let t = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))
+        .unwrap_or(t);
+    let t = t.strip_suffix("```").unwrap_or(t).trim();
+    let items = match serde_json::from_str::<Value>(t).ok()? {
+        Value::Array(a) => a,
+        v => vec![v],
+    };
+    let calls: Vec<ToolCall> = items.iter().filter_map(call_of).collect();
+    let valid = calls.len() == items.len()
+        && calls
+            .iter()
+            .all(|c| offered.contains(&c.name.as_str()) && c.arguments.is_object());
+    valid.then_some(calls)
+}
+
 /// Splits a reply into its text before the first call and the calls.
 /// Blocks that do not parse as a call stay in the text.
-pub fn parse(text: &str) -> (String, Vec<ToolCall>) {
+pub fn parse(text: &str, offered: &[&str]) -> (String, Vec<ToolCall>) {
     let Some(first) = text.find(OPEN) else {
-        return (text.to_string(), Vec::new());
+        return match bare_calls(text, offered) {
+            Some(calls) => (String::new(), calls),
+            None => (text.to_string(), Vec::new()),
+        };
     };
     let mut calls = Vec::new();
     let mut rest = &text[first..];
@@ -27,16 +64,13 @@ pub fn parse(text: &str) -> (String, Vec<ToolCall>) {
         let body_start = start + OPEN.len();
         let end = rest[body_start..].find(CLOSE).map(|e| body_start + e);
         let body = &rest[body_start..end.unwrap_or(rest.len())];
-        match serde_json::from_str::<Value>(body.trim()) {
-            Ok(v) if v["name"].is_string() => calls.push(ToolCall {
-                name: v["name"].as_str().unwrap_or_default().to_string(),
-                arguments: match &v["arguments"] {
-                    Value::String(s) => serde_json::from_str(s).unwrap_or(json!({})),
-                    Value::Null => json!({}),
-                    other => other.clone(),
-                },
-            }),
-            _ => return (text.to_string(), Vec::new()),
+        match serde_json::from_str::<Value>(body.trim())
+            .ok()
+            .as_ref()
+            .and_then(call_of)
+        {
+            Some(call) => calls.push(call),
+            None => return (text.to_string(), Vec::new()),
         }
         rest = match end {
             Some(e) => &rest[e + CLOSE.len()..],
@@ -89,7 +123,10 @@ mod tests {
 
     #[test]
     fn parses_blocks_and_keeps_leading_text() {
-        let (text, calls) = parse("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>");
+        let (text, calls) = parse(
+            "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            &["get_weather"],
+        );
         assert_eq!(text, "Let me check.");
         assert_eq!(
             calls,
@@ -102,9 +139,21 @@ mod tests {
 
     #[test]
     fn broken_blocks_stay_text() {
-        let (text, calls) = parse("<tool_call>{not json}</tool_call>");
+        let (text, calls) = parse("<tool_call>{not json}</tool_call>", &[]);
         assert!(calls.is_empty());
         assert_eq!(text, "<tool_call>{not json}</tool_call>");
+    }
+
+    #[test]
+    fn a_fenced_call_object_naming_an_offered_tool_is_a_call() {
+        let reply =
+            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```";
+        assert_eq!(parse(reply, &["get_weather"]).1.len(), 1);
+        assert!(
+            parse(reply, &["other"]).1.is_empty(),
+            "only offered functions"
+        );
+        assert!(parse("{\"name\": \"x\"} and more", &["x"]).1.is_empty());
     }
 
     #[test]
