@@ -145,6 +145,41 @@ fn errors_have_the_right_status_and_shape() {
         .contains("tensorfold_requests_total"));
 }
 
+#[test]
+fn an_api_key_is_required_when_set() {
+    let path =
+        std::env::temp_dir().join(format!("tensorfold-router-key-{}.gguf", std::process::id()));
+    write_gguf(&path, &SynthSpec::tiny(Arch::Llama, Format::Q8_0, 3)).unwrap();
+    let mut config = ServerConfig::new("tiny");
+    config.api_key = Some("sekret".into());
+    let app = router(Engine::load(&path).unwrap(), config).0;
+    let status = |auth: Option<&str>| {
+        let mut req = Request::builder().uri("/v1/models");
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        runtime()
+            .block_on(app.clone().oneshot(req.body(Body::empty()).unwrap()))
+            .unwrap()
+            .status()
+    };
+    assert_eq!(status(None), StatusCode::UNAUTHORIZED);
+    assert_eq!(status(Some("Bearer wrong")), StatusCode::UNAUTHORIZED);
+    assert_eq!(status(Some("Bearer sekret")), StatusCode::OK);
+    // Health stays open for load balancers.
+    let health = Request::builder()
+        .uri("/health")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        runtime()
+            .block_on(app.clone().oneshot(health))
+            .unwrap()
+            .status(),
+        StatusCode::OK
+    );
+}
+
 fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
