@@ -40,22 +40,31 @@ def start(model, *extra):
     raise RuntimeError("server did not start")
 
 
-@pytest.fixture(scope="session")
-def server():
-    model = Path(os.environ.get("TENSORFOLD_TEST_MODEL", ROOT / "models" / "smollm2-135m-instruct-q4_1.gguf"))
-    if not model.exists():
-        pytest.fail(f"{model} is missing: run `cargo xtask models`")
+def serving(model):
+    """Yields the base URL of a server for `model`, stopping it afterwards."""
     proc, base = start(model)
     yield base
     proc.terminate()
     proc.wait(timeout=10)
 
 
-@pytest.fixture()
-def client(server):
+def openai_client(base, timeout):
     from openai import OpenAI
 
-    return OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def server():
+    model = Path(os.environ.get("TENSORFOLD_TEST_MODEL", ROOT / "models" / "smollm2-135m-instruct-q4_1.gguf"))
+    if not model.exists():
+        pytest.fail(f"{model} is missing: run `cargo xtask models`")
+    yield from serving(model)
+
+
+@pytest.fixture()
+def client(server):
+    return openai_client(server, 120)
 
 
 @pytest.fixture(scope="session")
@@ -66,14 +75,9 @@ def qwen_server():
         if os.environ.get("TENSORFOLD_REQUIRE_MODELS"):
             pytest.fail(f"{model} is missing")
         pytest.skip("Qwen2.5-Coder 0.5B not fetched")
-    proc, base = start(model)
-    yield base
-    proc.terminate()
-    proc.wait(timeout=10)
+    yield from serving(model)
 
 
 @pytest.fixture()
 def qwen(qwen_server):
-    from openai import OpenAI
-
-    return OpenAI(base_url=qwen_server + "/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_client(qwen_server, 300)

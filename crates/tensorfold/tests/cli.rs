@@ -29,6 +29,15 @@ fn info_reads_the_header() {
     assert!(s.contains("qwen2") && s.contains("Q4_0"), "{s}");
 }
 
+/// A tiny Hugging Face model whose config.json `edit` rewrites.
+fn hf_with_config(name: &str, edit: &dyn Fn(String) -> String) -> PathBuf {
+    let dir = fixture(name);
+    synth::write_hf(&dir, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(dir.join("config.json"), edit(cfg)).unwrap();
+    dir
+}
+
 fn assert_refused(path: &Path, needle: &str) {
     for cmd in ["info", "run"] {
         let out = bin()
@@ -64,28 +73,18 @@ fn malformed_and_unsupported_files_are_refused_cleanly() {
     std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
     assert_refused(&truncated, "truncated");
 
-    let dir = fixture("falcon");
-    synth::write_hf(&dir, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
-    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
-    std::fs::write(
-        dir.join("config.json"),
-        cfg.replace("LlamaForCausalLM", "FalconForCausalLM"),
-    )
-    .unwrap();
+    let dir = hf_with_config("falcon", &|c: String| {
+        c.replace("LlamaForCausalLM", "FalconForCausalLM")
+    });
     assert_refused(&dir, "architecture 'FalconForCausalLM' is not supported");
 
-    let q = fixture("gptq");
-    synth::write_hf(&q, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).unwrap();
-    let cfg = std::fs::read_to_string(q.join("config.json")).unwrap();
-    std::fs::write(
-        q.join("config.json"),
-        cfg.replacen(
+    let q = hf_with_config("gptq", &|c: String| {
+        c.replacen(
             '{',
             "{\"quantization_config\": {\"quant_method\": \"gptq\"},",
             1,
-        ),
-    )
-    .unwrap();
+        )
+    });
     assert_refused(&q, "gptq");
 
     assert_refused(&fixture("missing.gguf"), "no such file");
