@@ -28,30 +28,20 @@ fn subjects(full: bool) -> Vec<Subject> {
     let tiny = |name: &str, arch, format, seed, gguf| {
         synth_model(name, &SynthSpec::tiny(arch, format, seed), gguf)
     };
+    // One random Llama drafts for both tiny targets: all share the synthetic tokenizer.
+    let tiny_draft = tiny("exact-draft-q8_0", Arch::Llama, Format::Q8_0, 22, true);
     let mut out = vec![
         Subject {
             name: "tiny-llama-q4_1".into(),
             target: tiny("exact-llama-q4_1", Arch::Llama, Format::Q4_1, 21, true),
-            draft: Some(tiny(
-                "exact-draft-q8_0",
-                Arch::Llama,
-                Format::Q8_0,
-                22,
-                true,
-            )),
+            draft: Some(tiny_draft.clone()),
             chat: true,
             heavy: false,
         },
         Subject {
             name: "tiny-qwen2-bf16".into(),
             target: tiny("exact-qwen2-bf16", Arch::Qwen2, Format::Bf16, 23, false),
-            draft: Some(tiny(
-                "exact-draft-q8_0",
-                Arch::Llama,
-                Format::Q8_0,
-                22,
-                true,
-            )),
+            draft: Some(tiny_draft.clone()),
             chat: true,
             heavy: false,
         },

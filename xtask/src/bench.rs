@@ -11,18 +11,5 @@ pub struct BenchArgs {
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     crate::fetch(args.qwen)?;
-    let mut cargo = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "tensorfold-tests",
-        "--bin",
-        "bench",
-        "--",
-    ];
-    if args.qwen {
-        cargo.push("--qwen");
-    }
-    crate::cargo(&cargo)
+    crate::harness("bench", args.qwen.then_some("--qwen"))
 }

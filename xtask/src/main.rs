@@ -54,20 +54,7 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Exact { fast } => {
             fetch(false)?;
-            let mut args = vec![
-                "run",
-                "--release",
-                "--quiet",
-                "-p",
-                "tensorfold-tests",
-                "--bin",
-                "exact",
-                "--",
-            ];
-            if fast {
-                args.push("--fast");
-            }
-            cargo(&args)
+            harness("exact", fast.then_some("--fast"))
         }
     }
 }
@@ -82,6 +69,22 @@ fn cargo(args: &[&str]) -> Result<()> {
         bail!("cargo {} failed", args.join(" "));
     }
     Ok(())
+}
+
+/// Runs a release binary of the test harness (`tests/bin`), with one optional flag.
+fn harness(bin: &str, flag: Option<&str>) -> Result<()> {
+    let mut args = vec![
+        "run",
+        "--release",
+        "--quiet",
+        "-p",
+        "tensorfold-tests",
+        "--bin",
+        bin,
+        "--",
+    ];
+    args.extend(flag);
+    cargo(&args)
 }
 
 /// The whole test run, as CI runs it: registry models must be present.

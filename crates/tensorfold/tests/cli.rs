@@ -103,20 +103,16 @@ fn run_prints_the_reply_alone() {
         "--seed",
         "3",
     ];
-    let a = bin()
-        .arg("run")
-        .arg(&path)
-        .args(args)
-        .arg("--ignore-eos")
-        .output()
-        .unwrap();
-    let b = bin()
-        .arg("run")
-        .arg(&path)
-        .args(args)
-        .arg("--ignore-eos")
-        .output()
-        .unwrap();
+    let run = || {
+        bin()
+            .arg("run")
+            .arg(&path)
+            .args(args)
+            .arg("--ignore-eos")
+            .output()
+            .unwrap()
+    };
+    let (a, b) = (run(), run());
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     assert_eq!(a.stdout, b.stdout, "same seed, same bytes");
     assert!(String::from_utf8_lossy(&a.stderr).contains("tokens/s"));
