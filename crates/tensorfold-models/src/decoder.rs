@@ -78,17 +78,15 @@ struct Rope {
 }
 
 impl Rope {
-    fn new(config: &ModelConfig, start: usize, rows: usize) -> Rope {
+    fn new(config: &ModelConfig, positions: impl Iterator<Item = usize>) -> Rope {
         let half = config.head_dim / 2;
-        let mut cos = Vec::with_capacity(rows * half);
-        let mut sin = Vec::with_capacity(rows * half);
-        for r in 0..rows {
-            let pos = (start + r) as f64;
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for pos in positions {
             for i in 0..half {
                 let freq = config
                     .rope_theta
                     .powf(-((2 * i) as f64) / config.head_dim as f64);
-                let angle = pos * freq;
+                let angle = pos as f64 * freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
@@ -121,19 +119,58 @@ impl Rope {
     }
 }
 
+/// One sequence's part of a batched forward: its new tokens, the cache
+/// they extend, and which of their logits to return.
+pub struct Seq<'a, C = KvCache> {
+    pub tokens: &'a [u32],
+    pub cache: &'a mut C,
+    pub logits: Logits,
+}
+
+impl Logits {
+    /// Which of `n` rows this asks for.
+    pub fn rows(self, n: usize) -> std::ops::Range<usize> {
+        match self {
+            Logits::None => n..n,
+            Logits::Last => n.saturating_sub(1)..n,
+            Logits::All => 0..n,
+        }
+    }
+}
+
 impl Model {
     /// Runs `tokens` at positions `cache.len()..`, appending their keys and
     /// values to `cache`, and returns the requested logits row after row.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, want: Logits) -> Vec<f32> {
+        let mut seqs = [Seq {
+            tokens,
+            cache,
+            logits: want,
+        }];
+        self.forward_batch(&mut seqs).pop().unwrap_or_default()
+    }
+
+    /// Runs several sequences in one forward: their rows share every matmul,
+    /// and each attends only to its own cache. Because every step is
+    /// row-local or reduces in a fixed order, each sequence's logits are
+    /// bitwise those it would get alone. Returns each sequence's logits.
+    pub fn forward_batch(&self, seqs: &mut [Seq<'_>]) -> Vec<Vec<f32>> {
         let c = &self.config;
-        let (m, h) = (tokens.len(), c.hidden_size);
+        let h = c.hidden_size;
+        let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if m == 0 {
-            return Vec::new();
+            return vec![Vec::new(); seqs.len()];
         }
-        let start = cache.len();
-        let rope = Rope::new(c, start, m);
+        let starts: Vec<usize> = seqs.iter().map(|s| s.cache.len()).collect();
+        let rope = Rope::new(
+            c,
+            seqs.iter()
+                .zip(&starts)
+                .flat_map(|(s, &st)| st..st + s.tokens.len()),
+        );
 
         let mut x = vec![0f32; m * h];
+        let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             self.embed.row_f32(t as usize, row);
         }
@@ -167,8 +204,21 @@ impl Model {
                 rope.apply(r, &mut q[r * qw..(r + 1) * qw], c.head_dim);
                 rope.apply(r, &mut k[r * kvw..(r + 1) * kvw], c.head_dim);
             }
-            cache.append(l, &k, &v);
-            attention(c, start, &q, cache.keys(l), cache.values(l), &mut attn);
+            let mut row = 0;
+            for (s, &start) in seqs.iter_mut().zip(&starts) {
+                let n = s.tokens.len();
+                let (rows_q, rows_kv) = (row * qw..(row + n) * qw, row * kvw..(row + n) * kvw);
+                s.cache.append(l, &k[rows_kv.clone()], &v[rows_kv]);
+                attention(
+                    c,
+                    start,
+                    &q[rows_q.clone()],
+                    s.cache.keys(l),
+                    s.cache.values(l),
+                    &mut attn[rows_q],
+                );
+                row += n;
+            }
 
             b.o.matmul(&attn, m, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += *p);
@@ -184,17 +234,32 @@ impl Model {
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += *p);
         }
 
-        let rows = match want {
-            Logits::None => return Vec::new(),
-            Logits::Last => &mut x[(m - 1) * h..],
-            Logits::All => &mut x[..],
-        };
-        rms_norm(rows, h, &self.norm, c.rms_eps);
-        let n = rows.len() / h;
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut logits = vec![0f32; n * c.vocab_size];
-        head.matmul(rows, n, &mut logits);
-        logits
+        // Only the asked-for rows go through the output head.
+        let mut picked = Vec::new();
+        let mut counts = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for s in seqs.iter() {
+            let want = s.logits.rows(s.tokens.len());
+            counts.push(want.len());
+            picked.extend_from_slice(&x[(row + want.start) * h..(row + want.end) * h]);
+            row += s.tokens.len();
+        }
+        let n = picked.len() / h;
+        let vocab = c.vocab_size;
+        let mut logits = vec![0f32; n * vocab];
+        if n > 0 {
+            rms_norm(&mut picked, h, &self.norm, c.rms_eps);
+            let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+            head.matmul(&picked, n, &mut logits);
+        }
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut rest = logits.as_slice();
+        for n in counts {
+            let (mine, tail) = rest.split_at(n * vocab);
+            out.push(mine.to_vec());
+            rest = tail;
+        }
+        out
     }
 
     /// Bytes the weights take in memory.
