@@ -5,6 +5,9 @@
 //! shortens the sequence: what stays is untouched, so a rolled-back cache is
 //! bitwise the cache that never saw the rejected positions.
 
+/// Positions a cache grows by when it is full.
+pub const GROWTH: usize = 64;
+
 /// Shape of what each position stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {
@@ -31,10 +34,16 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(shape: KvShape) -> KvCache {
+        KvCache::with_capacity(shape, 0)
+    }
+
+    /// A cache with room for `positions` before it grows.
+    pub fn with_capacity(shape: KvShape, positions: usize) -> KvCache {
+        let room = || Vec::with_capacity(positions * shape.width);
         KvCache {
             shape,
-            keys: vec![Vec::new(); shape.layers],
-            values: vec![Vec::new(); shape.layers],
+            keys: (0..shape.layers).map(|_| room()).collect(),
+            values: (0..shape.layers).map(|_| room()).collect(),
             len: 0,
         }
     }
@@ -62,6 +71,14 @@ impl KvCache {
             self.len * w,
             "layers append in order"
         );
+        // Grow in steps of `GROWTH` positions, never by doubling, so what a
+        // cache holds stays within `GROWTH` positions of what it stores and
+        // a memory budget can count it.
+        if self.keys[layer].capacity() < self.keys[layer].len() + k.len() {
+            let more = k.len().max(GROWTH * w);
+            self.keys[layer].reserve_exact(more);
+            self.values[layer].reserve_exact(more);
+        }
         self.keys[layer].extend_from_slice(k);
         self.values[layer].extend_from_slice(v);
         if layer + 1 == self.shape.layers {
@@ -94,6 +111,16 @@ impl KvCache {
     /// Bytes held by stored positions.
     pub fn bytes(&self) -> usize {
         self.len * self.shape.bytes_per_position()
+    }
+
+    /// Bytes allocated, stored or not.
+    pub fn allocated_bytes(&self) -> usize {
+        let f = std::mem::size_of::<f32>();
+        self.keys
+            .iter()
+            .chain(&self.values)
+            .map(|v| v.capacity() * f)
+            .sum()
     }
 }
 
