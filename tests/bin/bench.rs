@@ -4,6 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
+use tensorfold_kv::KvCache;
+use tensorfold_models::Logits;
 use tensorfold_tests::models_dir;
 
 const CODE_PROMPT: &str = "Here is a Python module:\n\n```python\nimport math\n\n\ndef circle_area(radius):\n    return math.pi * radius ** 2\n\n\ndef circle_perimeter(radius):\n    return 2 * math.pi * radius\n\n\ndef square_area(side):\n    return side * side\n```\n\nRepeat the module exactly, adding a docstring to each function.";
@@ -74,6 +76,43 @@ fn decode_cell(path: &Path, bandwidth: f64) {
     );
 }
 
+/// Wall time of one verification forward by its number of rows (pending
+/// token plus drafts), at a fixed context length: what a round costs.
+fn round_cells(path: &Path, reps: usize) {
+    let engine = Engine::load(path).expect("model");
+    let model = &engine.bundle().model;
+    let vocab = model.config.vocab_size as u32;
+    let tokens: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 11) % vocab).collect();
+    let mut cache = KvCache::new(model.config.kv_shape());
+    model.forward(&tokens[..128], &mut cache, Logits::None);
+    let base = cache.len();
+    let mut one = 0.0;
+    for rows in [1, 2, 3, 5, 9] {
+        let mut times = Vec::new();
+        for _ in 0..reps.max(1) * 8 {
+            let t = Instant::now();
+            std::hint::black_box(model.forward(
+                &tokens[base..base + rows],
+                &mut cache,
+                Logits::All,
+            ));
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            cache.truncate(base);
+        }
+        let ms = median(times);
+        if rows == 1 {
+            one = ms;
+        }
+        println!(
+            "round   {:<34} {} rows {:>7.2} ms   {:>5.2}x one row",
+            path.file_name().unwrap().to_string_lossy(),
+            rows,
+            ms,
+            ms / one
+        );
+    }
+}
+
 fn paired_cells(name: &str, target: &Path, draft: Option<&Path>, reps: usize) {
     let mut engine = Engine::load(target).expect("model");
     let mut drafters = vec![
@@ -116,6 +155,8 @@ fn paired_cells(name: &str, target: &Path, draft: Option<&Path>, reps: usize) {
 
 fn main() {
     let qwen = std::env::args().any(|a| a == "--qwen");
+    // `--rounds`: only the decode and round-cost cells (a quick kernel check).
+    let rounds_only = std::env::args().any(|a| a == "--rounds");
     let reps: usize = std::env::var("BENCH_REPS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -129,6 +170,10 @@ fn main() {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     decode_cell(&smol, bandwidth);
+    round_cells(&smol, reps);
+    if rounds_only {
+        return;
+    }
     paired_cells("smollm2-135m", &smol, None, reps);
     let (q05, q15) = (
         m.join("qwen2.5-coder-0.5b-instruct.gguf"),

@@ -154,20 +154,8 @@ impl GgmlBlocks {
         let bytes = &self.as_bytes()[row * per_row * bb..(row + 1) * per_row * bb];
         let out = &mut out[..cols];
         match format {
-            Format::Q4_0 => decode32(bytes, bb, out, |b, o| {
-                let d = f16_at(b, 0);
-                for j in 0..16 {
-                    o[j] = ((b[2 + j] & 0x0F) as i32 - 8) as f32 * d;
-                    o[j + 16] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
-                }
-            }),
-            Format::Q4_1 => decode32(bytes, bb, out, |b, o| {
-                let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-                for j in 0..16 {
-                    o[j] = (b[4 + j] & 0x0F) as f32 * d + m;
-                    o[j + 16] = (b[4 + j] >> 4) as f32 * d + m;
-                }
-            }),
+            Format::Q4_0 => decode_q4_0(bytes, out),
+            Format::Q4_1 => decode_q4_1(bytes, out),
             Format::Q5_0 => decode32(bytes, bb, out, |b, o| {
                 let d = f16_at(b, 0);
                 let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
@@ -188,15 +176,153 @@ impl GgmlBlocks {
                     o[j + 16] = ((b[8 + j] >> 4) as u32 | h1) as f32 * d + m;
                 }
             }),
-            Format::Q8_0 => decode32(bytes, bb, out, |b, o| {
-                let d = f16_at(b, 0);
-                for j in 0..32 {
-                    o[j] = (b[2 + j] as i8) as f32 * d;
-                }
-            }),
+            Format::Q8_0 => decode_q8_0(bytes, out),
             _ => each_format!(self, v => {
                 GgmlType::to_float(&v[row * per_row..(row + 1) * per_row], out);
             }),
+        }
+    }
+}
+
+/// Q4_0 blocks: `(q - 8) * d`, low nibbles first.
+fn decode_q4_0(bytes: &[u8], out: &mut [f32]) {
+    #[cfg(tensorfold_simd)]
+    simd::q4_0(bytes, out);
+    #[cfg(not(tensorfold_simd))]
+    portable_q4_0(bytes, out);
+}
+
+/// Q4_1 blocks: `q * d + m`, low nibbles first.
+fn decode_q4_1(bytes: &[u8], out: &mut [f32]) {
+    #[cfg(tensorfold_simd)]
+    simd::q4_1(bytes, out);
+    #[cfg(not(tensorfold_simd))]
+    portable_q4_1(bytes, out);
+}
+
+/// Q8_0 blocks: `q * d`.
+fn decode_q8_0(bytes: &[u8], out: &mut [f32]) {
+    #[cfg(tensorfold_simd)]
+    simd::q8_0(bytes, out);
+    #[cfg(not(tensorfold_simd))]
+    portable_q8_0(bytes, out);
+}
+
+#[cfg_attr(tensorfold_simd, allow(dead_code))]
+fn portable_q4_0(bytes: &[u8], out: &mut [f32]) {
+    decode32(bytes, 18, out, |b, o| {
+        let d = f16_at(b, 0);
+        for j in 0..16 {
+            o[j] = ((b[2 + j] & 0x0F) as i32 - 8) as f32 * d;
+            o[j + 16] = ((b[2 + j] >> 4) as i32 - 8) as f32 * d;
+        }
+    })
+}
+
+#[cfg_attr(tensorfold_simd, allow(dead_code))]
+fn portable_q4_1(bytes: &[u8], out: &mut [f32]) {
+    decode32(bytes, 20, out, |b, o| {
+        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+        for j in 0..16 {
+            o[j] = (b[4 + j] & 0x0F) as f32 * d + m;
+            o[j + 16] = (b[4 + j] >> 4) as f32 * d + m;
+        }
+    })
+}
+
+#[cfg_attr(tensorfold_simd, allow(dead_code))]
+fn portable_q8_0(bytes: &[u8], out: &mut [f32]) {
+    decode32(bytes, 34, out, |b, o| {
+        let d = f16_at(b, 0);
+        for j in 0..32 {
+            o[j] = (b[2 + j] as i8) as f32 * d;
+        }
+    })
+}
+
+/// AVX2 decoders: the same products and sums as the portable ones
+/// (`mul` then `add`, never fused, as GGML defines them), eight at a time.
+#[cfg(tensorfold_simd)]
+mod simd {
+    use super::f16_at;
+    use std::arch::x86_64::*;
+
+    /// Eight small integers, scaled: `i * d (+ m)`, stored to `o`.
+    ///
+    /// # Safety
+    /// `o` must be valid for writes of eight floats.
+    #[inline(always)]
+    unsafe fn put(o: *mut f32, i: __m256i, d: __m256, m: Option<__m256>) {
+        // SAFETY: the caller's bound; AVX2 is enabled at compile time.
+        unsafe {
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(i), d);
+            let v = match m {
+                Some(m) => _mm256_add_ps(v, m),
+                None => v,
+            };
+            _mm256_storeu_ps(o, v);
+        }
+    }
+
+    /// Sixteen packed bytes of nibbles as 32 values: low nibbles to
+    /// `o[0..16]`, high nibbles to `o[16..32]`, each minus `bias`.
+    ///
+    /// # Safety
+    /// `q` readable for 16 bytes, `o` writable for 32 floats.
+    #[inline(always)]
+    unsafe fn nibbles(q: *const u8, o: *mut f32, bias: i32, d: __m256, m: Option<__m256>) {
+        // SAFETY: the caller's bounds; AVX2 is enabled at compile time.
+        unsafe {
+            let q = _mm_loadu_si128(q as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(q, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+            let b = _mm256_set1_epi32(bias);
+            for (half, at) in [(lo, 0), (hi, 16)] {
+                let a = _mm256_sub_epi32(_mm256_cvtepu8_epi32(half), b);
+                let c = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(half, 8)), b);
+                put(o.add(at), a, d, m);
+                put(o.add(at + 8), c, d, m);
+            }
+        }
+    }
+
+    pub(super) fn q4_0(bytes: &[u8], out: &mut [f32]) {
+        for (b, o) in bytes.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+            let d = f16_at(b, 0);
+            // SAFETY: `b` holds 18 bytes (16 after offset 2), `o` 32 floats.
+            unsafe { nibbles(b[2..].as_ptr(), o.as_mut_ptr(), 8, _mm256_set1_ps(d), None) }
+        }
+    }
+
+    pub(super) fn q4_1(bytes: &[u8], out: &mut [f32]) {
+        for (b, o) in bytes.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            // SAFETY: `b` holds 20 bytes (16 after offset 4), `o` 32 floats.
+            unsafe {
+                nibbles(
+                    b[4..].as_ptr(),
+                    o.as_mut_ptr(),
+                    0,
+                    _mm256_set1_ps(d),
+                    Some(_mm256_set1_ps(m)),
+                )
+            }
+        }
+    }
+
+    pub(super) fn q8_0(bytes: &[u8], out: &mut [f32]) {
+        for (b, o) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+            let d = f16_at(b, 0);
+            // SAFETY: `b` holds 34 bytes (32 after offset 2), read 8 at a
+            // time; `o` holds 32 floats.
+            unsafe {
+                let dv = _mm256_set1_ps(d);
+                for g in 0..4 {
+                    let q = _mm_loadl_epi64(b[2 + 8 * g..].as_ptr() as *const __m128i);
+                    put(o.as_mut_ptr().add(8 * g), _mm256_cvtepi8_epi32(q), dv, None);
+                }
+            }
         }
     }
 }
@@ -242,6 +368,40 @@ mod tests {
                 each_format!(&b, v => GgmlType::to_float(&v[r * 8..(r + 1) * 8], &mut slow));
                 assert_eq!(fast, slow, "{f}");
             }
+        }
+    }
+
+    /// The vector decoders give the portable decoders' bits, on quantized
+    /// data and on arbitrary bytes with finite scales.
+    #[test]
+    fn vector_decoders_equal_portable_ones() {
+        type Decode = fn(&[u8], &mut [f32]);
+        let pairs: [(usize, usize, Decode, Decode); 3] = [
+            (18, 2, decode_q4_0, portable_q4_0),
+            (20, 4, decode_q4_1, portable_q4_1),
+            (34, 2, decode_q8_0, portable_q8_0),
+        ];
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for (bb, scales, fast, portable) in pairs {
+            let blocks = 64;
+            let mut bytes: Vec<u8> = (0..blocks * bb)
+                .map(|_| {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    s as u8
+                })
+                .collect();
+            for b in bytes.chunks_exact_mut(bb) {
+                for at in (0..scales).step_by(2) {
+                    b[at + 1] &= 0x3B; // exponent below all-ones: finite
+                }
+            }
+            let (mut a, mut b) = (vec![0f32; blocks * 32], vec![0f32; blocks * 32]);
+            fast(&bytes, &mut a);
+            portable(&bytes, &mut b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a), bits(&b), "block of {bb} bytes");
         }
     }
 }

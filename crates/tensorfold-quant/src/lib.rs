@@ -13,7 +13,7 @@ mod dot;
 mod ggml;
 mod matrix;
 
-pub use dot::{dot, sum_squares};
+pub use dot::{dot, dot_portable, sum_squares};
 pub use ggml::GgmlBlocks;
 pub use matrix::{Matrix, Storage};
 

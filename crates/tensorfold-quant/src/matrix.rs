@@ -1,6 +1,7 @@
 //! A weight matrix `W` (`rows x cols`, applied as `x W^T`) and its product.
 
-use crate::{dot, Format, GgmlBlocks, QuantError};
+use crate::dot::dot_block;
+use crate::{Format, GgmlBlocks, QuantError};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -20,10 +21,6 @@ pub struct Matrix {
     cols: usize,
     storage: Storage,
 }
-
-/// Output features each parallel task computes. Tasks only split the work:
-/// every element is one [`dot`] whatever the split.
-const TASK_ROWS: usize = 16;
 
 impl Matrix {
     pub fn new(rows: usize, cols: usize, storage: Storage) -> Result<Matrix, QuantError> {
@@ -166,44 +163,150 @@ impl Matrix {
 
     /// `out[i * rows + j] = dot(x[i * cols..], row j of W)` for `m` rows of `x`.
     ///
-    /// Each weight row is decoded once per call and dotted with every input
-    /// row; the value of each element does not depend on `m`.
+    /// Weight rows are decoded a tile at a time, once per call, and every
+    /// input row is dotted with the decoded tile; each element is one
+    /// [`dot`] in the fixed order, computed alongside others (see
+    /// [`crate::dot`]), so its value does not depend on `m` or the split.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let (n, k) = (self.rows, self.cols);
         assert!(
             x.len() >= m * k && out.len() >= m * n,
             "matmul buffers too small"
         );
-        // Tasks own disjoint column ranges of `out`; gather them per task and
-        // scatter afterwards so each task writes one contiguous buffer.
-        let tasks: Vec<(usize, Vec<f32>)> = (0..n.div_ceil(TASK_ROWS))
-            .into_par_iter()
-            .map(|t| {
-                let (j0, j1) = (t * TASK_ROWS, ((t + 1) * TASK_ROWS).min(n));
-                let mut w = vec![0f32; k];
-                let mut part = vec![0f32; m * (j1 - j0)];
-                for j in j0..j1 {
-                    let w_row: &[f32] = match &self.storage {
-                        Storage::F32(v) => &v[j * k..(j + 1) * k],
-                        _ => {
-                            self.row_f32(j, &mut w);
-                            &w
-                        }
-                    };
-                    for i in 0..m {
-                        part[i * (j1 - j0) + (j - j0)] = dot(&x[i * k..(i + 1) * k], w_row);
-                    }
+        if m == 0 || n == 0 {
+            return;
+        }
+        let tiles = n.div_ceil(TILE);
+        let out = OutPtr(out.as_mut_ptr());
+        let run = |t: usize| {
+            DECODED.with_borrow_mut(|buf| {
+                if buf.len() < TILE * k {
+                    buf.resize(TILE * k, 0.0);
                 }
-                (j0, part)
+                // SAFETY: tile `t` writes only columns `t * TILE..` (below
+                // `n`) of the `m` output rows, which the assert above keeps
+                // in bounds; no other tile writes them.
+                unsafe { self.tile(t, x, m, buf, out) }
             })
-            .collect();
-        for (j0, part) in tasks {
-            let width = part.len() / m.max(1);
-            for i in 0..m {
-                out[i * n + j0..i * n + j0 + width]
-                    .copy_from_slice(&part[i * width..(i + 1) * width]);
+        };
+        let threads = rayon::current_num_threads();
+        if threads == 1 || n * k * m < SERIAL_WORK {
+            (0..tiles).for_each(run);
+        } else {
+            // A few tasks per thread: enough to balance, few enough that
+            // the scheduling costs little next to a tile's work.
+            let per_task = tiles.div_ceil(threads * TASKS_PER_THREAD).max(1);
+            (0..tiles)
+                .into_par_iter()
+                .with_min_len(per_task)
+                .for_each(run);
+        }
+    }
+
+    /// Decodes tile `t` (if stored quantized) and computes its columns for
+    /// all `m` rows.
+    ///
+    /// # Safety
+    /// `out` must be valid for writes of `m * rows` floats, and no other
+    /// thread may write this tile's columns meanwhile.
+    unsafe fn tile(&self, t: usize, x: &[f32], m: usize, buf: &mut [f32], out: OutPtr) {
+        let (n, k) = (self.rows, self.cols);
+        let j0 = t * TILE;
+        let tw = TILE.min(n - j0);
+        let w: &[f32] = match &self.storage {
+            Storage::F32(v) => &v[j0 * k..(j0 + tw) * k],
+            _ => {
+                for (r, row) in buf.chunks_exact_mut(k).take(tw).enumerate() {
+                    self.row_f32(j0 + r, row);
+                }
+                &buf[..tw * k]
+            }
+        };
+        let mut i = 0;
+        while i < m {
+            // Kernel shapes keep 8 to 9 FMA chains in flight per thread.
+            let r = (m - i).min(4);
+            // SAFETY: rows `i..i + r` of `x` are in bounds (`x.len() >= m * k`),
+            // `w` holds `tw` rows of `k`; output bounds are the caller's.
+            unsafe {
+                match r {
+                    4 => block_rows::<4, 2>(x, i, k, w, tw, out, n, j0),
+                    3 => block_rows::<3, 3>(x, i, k, w, tw, out, n, j0),
+                    2 => block_rows::<2, 4>(x, i, k, w, tw, out, n, j0),
+                    _ => block_rows::<1, 8>(x, i, k, w, tw, out, n, j0),
+                }
+            }
+            i += r;
+        }
+    }
+}
+
+/// Weight rows decoded together; each is decoded once per call and reused
+/// by every input row. Eight rows of the widest SmolLM2 input stay in L2.
+const TILE: usize = 8;
+
+/// Below this many multiply-adds a matmul runs on the calling thread.
+const SERIAL_WORK: usize = 1 << 15;
+
+const TASKS_PER_THREAD: usize = 4;
+
+thread_local! {
+    /// The decoded tile, reused across calls.
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The output buffer, shared by tiles that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tiles write disjoint elements (see `Matrix::matmul`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Rows `i..i + R` of `x` against the `tw` weight rows of `w`, `W` at a time.
+///
+/// # Safety
+/// `x` holds rows `i..i + R` of `k`; `out` is valid for `(i + R) * n`
+/// floats and columns `j0..j0 + tw` of those rows are this caller's.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block_rows<const R: usize, const W: usize>(
+    x: &[f32],
+    i: usize,
+    k: usize,
+    w: &[f32],
+    tw: usize,
+    out: OutPtr,
+    n: usize,
+    j0: usize,
+) {
+    assert!(x.len() >= (i + R) * k && w.len() >= tw * k);
+    let xp = x[i * k..].as_ptr();
+    let put = |j: usize, r: usize, v: f32| {
+        // SAFETY: `(i + r) * n + j0 + j` is below `(i + R) * n`, in this
+        // caller's columns.
+        unsafe { *out.0.add((i + r) * n + j0 + j) = v }
+    };
+    let mut j = 0;
+    while j + W <= tw {
+        let mut o = [[0f32; W]; R];
+        // SAFETY: `R` rows of `x` and weight rows `j..j + W < tw` are in bounds.
+        unsafe { dot_block::<R, W>(xp, k, w[j * k..].as_ptr(), k, k, &mut o) };
+        for (r, row) in o.iter().enumerate() {
+            for (jj, &v) in row.iter().enumerate() {
+                put(j + jj, r, v);
             }
         }
+        j += W;
+    }
+    while j < tw {
+        let mut o = [[0f32; 1]; R];
+        // SAFETY: as above, one weight row.
+        unsafe { dot_block::<R, 1>(xp, k, w[j * k..].as_ptr(), k, k, &mut o) };
+        for (r, row) in o.iter().enumerate() {
+            put(j, r, row[0]);
+        }
+        j += 1;
     }
 }
 
@@ -293,6 +396,43 @@ mod tests {
     fn wrong_sizes_are_errors_not_panics() {
         assert!(Matrix::from_bytes(Format::Q4_1, 2, 32, &[0u8; 39]).is_err());
         assert!(Matrix::from_bytes(Format::Q4K, 2, 100, &[0u8; 0]).is_err());
+    }
+
+    /// Every row of every call height 1..=17 (all kernel shapes and their
+    /// remainders, a partial last tile) has the bits of the portable order
+    /// applied to the decoded weights.
+    #[test]
+    fn rows_equal_the_portable_order_for_every_height() {
+        let (n, k) = (21, 288);
+        for f in [
+            Format::F32,
+            Format::F16,
+            Format::Q4_1,
+            Format::Q8_0,
+            Format::Q4K,
+        ] {
+            let k = if f.block_elems() == 256 {
+                256
+            } else {
+                k + 3 * (f == Format::F32) as usize
+            };
+            let w = Matrix::from_f32(f, n, k, &values(n * k, 5)).unwrap();
+            let x = values(17 * k, 6);
+            let mut row = vec![0.0; k];
+            let want: Vec<u32> = (0..17 * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    w.row_f32(j, &mut row);
+                    crate::dot_portable(&x[i * k..(i + 1) * k], &row).to_bits()
+                })
+                .collect();
+            for m in 1..=17 {
+                let mut out = vec![0.0; m * n];
+                w.matmul(&x, m, &mut out);
+                let got: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, want[..m * n], "{f} m={m}");
+            }
+        }
     }
 
     proptest! {

@@ -2,6 +2,11 @@
 //! per millisecond of its rounds, ride the best, and re-probe the others
 //! with a backoff that doubles each time they lose. Plain rounds (no
 //! drafts) are an arm too, so drafting is never kept when it loses.
+//!
+//! Probes are costly where drafts are rejected (a deep round costs several
+//! plain ones), so a drafter's deeper arm is only tried once its shallower
+//! arm has had a round accepting every draft, and a round whose drafter
+//! proposed nothing counts as the plain round it was.
 
 use crate::Drafter;
 use std::time::Duration;
@@ -16,6 +21,8 @@ pub struct Arm {
     pub rate: Option<f64>,
     backoff: usize,
     next_probe: usize,
+    /// A round accepted every draft at this depth.
+    full: bool,
 }
 
 pub struct AutoDrafter {
@@ -37,6 +44,7 @@ impl AutoDrafter {
             rate: None,
             backoff: 1,
             next_probe: 0,
+            full: false,
         }];
         for d in 0..drafters.len() {
             for &depth in depths {
@@ -46,6 +54,7 @@ impl AutoDrafter {
                     rate: None,
                     backoff: 1,
                     next_probe: 0,
+                    full: false,
                 });
             }
         }
@@ -68,14 +77,21 @@ impl AutoDrafter {
             .unwrap_or(0)
     }
 
+    /// Plain rounds and each drafter's shallowest arm are always open; a
+    /// deeper arm opens once the arm before it accepted a full round.
+    fn open(&self, i: usize) -> bool {
+        i == 0 || self.arms[i - 1].drafter != self.arms[i].drafter || self.arms[i - 1].full
+    }
+
     fn choose(&self) -> usize {
-        // First measure every arm once, then probe those whose time has come.
-        if let Some(i) = self.arms.iter().position(|a| a.rate.is_none()) {
+        // First measure every open arm once, then probe those whose time has come.
+        if let Some(i) = (0..self.arms.len()).find(|&i| self.open(i) && self.arms[i].rate.is_none())
+        {
             return i;
         }
         let best = self.best();
         (0..self.arms.len())
-            .find(|&i| i != best && self.arms[i].next_probe <= self.round)
+            .find(|&i| i != best && self.open(i) && self.arms[i].next_probe <= self.round)
             .unwrap_or(best)
     }
 
@@ -113,6 +129,12 @@ impl Drafter for AutoDrafter {
     fn observe(&mut self, proposed: usize, accepted: usize, elapsed: Duration) {
         if let Some(d) = self.arms[self.current].drafter {
             self.drafters[d].observe(proposed, accepted, elapsed);
+            if proposed == 0 {
+                // Nothing to verify: a plain round, measured as one.
+                self.current = 0;
+            } else if accepted == proposed && proposed >= self.arms[self.current].depth {
+                self.arms[self.current].full = true;
+            }
         }
         self.record(accepted + 1, elapsed);
     }
@@ -174,5 +196,22 @@ mod tests {
             }
         }
         assert!(drafted > 90, "{drafted}");
+    }
+
+    #[test]
+    fn deeper_arms_wait_for_a_full_round() {
+        let mut auto = AutoDrafter::new(vec![Box::new(Fixed)], &[2, 4, 8]);
+        let mut depths = Vec::new();
+        for _ in 0..40 {
+            let drafts = auto.propose(&[1], 8);
+            depths.push(drafts.len());
+            // Never a draft accepted: only the shallow arm is ever tried.
+            auto.observe(
+                drafts.len(),
+                0,
+                Duration::from_millis(10 + drafts.len() as u64),
+            );
+        }
+        assert!(depths.iter().all(|&d| d <= 2), "{depths:?}");
     }
 }
