@@ -215,9 +215,9 @@ impl AffineBlocks {
         let (mut scales, mut biases) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
         let mut q = Vec::with_capacity(values.len());
         for g in values.chunks_exact(spec.group) {
-            let (s, b) = quantize_group(g, spec.bits, &mut q);
-            scales.push(dtype.round(s));
-            biases.push(dtype.round(b));
+            let (s, b) = quantize_group(g, spec.bits, dtype, &mut q);
+            scales.push(s);
+            biases.push(b);
         }
         Ok(AffineBlocks {
             spec,
@@ -313,9 +313,10 @@ impl AffineBlocks {
     }
 }
 
-/// Quantizes one group (MLX's rule), appending its `q` values; returns the
-/// unrounded (scale, bias).
-fn quantize_group(w: &[f32], bits: u32, q: &mut Vec<u32>) -> (f32, f32) {
+/// Quantizes one group by MLX's rule (module docs), appending its `q`
+/// values; returns the stored (scale, bias), rounded to `dtype` after `q`
+/// was chosen, as MLX does.
+fn quantize_group(w: &[f32], bits: u32, dtype: ScaleDtype, q: &mut Vec<u32>) -> (f32, f32) {
     let n_bins = ((1u32 << bits) - 1) as f32;
     let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
     for &v in w {
@@ -339,7 +340,7 @@ fn quantize_group(w: &[f32], bits: u32, q: &mut Vec<u32>) -> (f32, f32) {
         w.iter()
             .map(|&v| ((v - bias) / scale).round_ties_even().max(0.0).min(n_bins) as u32),
     );
-    (scale, bias)
+    (dtype.round(scale), dtype.round(bias))
 }
 
 /// Packs values of `bits` bits into the little-endian bit stream; the
