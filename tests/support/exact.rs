@@ -4,7 +4,9 @@
 use crate::{models_dir, synth_model};
 use std::path::PathBuf;
 use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
-use tensorfold_models::synth::SynthSpec;
+use tensorfold_models::mlx::{MlxQuantization, QuantizeOptions};
+use tensorfold_models::synth::{self, SynthSpec};
+use tensorfold_models::{Affine, ScaleDtype};
 use tensorfold_models::{Arch, Format};
 
 /// One model of the suite with the drafters that apply to it.
@@ -52,6 +54,13 @@ fn subjects(full: bool) -> Vec<Subject> {
             chat: true,
             heavy: false,
         },
+        Subject {
+            name: "tiny-llama-affine3".into(),
+            target: tiny_affine(),
+            draft: Some(tiny_draft.clone()),
+            chat: true,
+            heavy: false,
+        },
     ];
     let m = models_dir();
     let real = [
@@ -93,6 +102,25 @@ fn subjects(full: bool) -> Vec<Subject> {
         });
     }
     out
+}
+
+/// A random Llama in MLX affine layout: 3-bit groups of 32, 8-bit embeddings.
+fn tiny_affine() -> PathBuf {
+    let mut quantization = MlxQuantization::uniform(Affine::new(3, 32).unwrap());
+    quantization.overrides.insert(
+        "model.embed_tokens".into(),
+        Some(Affine::new(8, 64).unwrap()),
+    );
+    let spec = SynthSpec::tiny_affine(Arch::Llama, &quantization, 25);
+    let dir = std::env::temp_dir().join(format!("tensorfold-exact-affine-{}", std::process::id()));
+    if !dir.join("config.json").exists() {
+        let opts = QuantizeOptions {
+            quantization,
+            scales: ScaleDtype::Bf16,
+        };
+        synth::write_mlx(&dir, &spec, &opts).expect("affine fixture");
+    }
+    dir
 }
 
 fn samplers(full: bool) -> Vec<(&'static str, SamplingParams)> {

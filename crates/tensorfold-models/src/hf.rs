@@ -3,15 +3,16 @@
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::family;
+use crate::mlx::MlxQuantization;
 use crate::weights::TensorSource;
 use memmap2::Mmap;
-use safetensors::tensor::{Dtype, Metadata};
+use safetensors::tensor::{Dtype, Metadata, TensorInfo};
 use safetensors::SafeTensors;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use tensorfold_quant::{Format, Matrix};
+use tensorfold_quant::{AffineBlocks, Encoding, Format, Matrix, ScaleDtype, Storage};
 
 /// One safetensors file, memory-mapped, with its parsed header.
 struct Shard {
@@ -24,6 +25,8 @@ struct Shard {
 pub struct HfDir {
     dir: PathBuf,
     config: Value,
+    /// The MLX `quantization` block, when the checkpoint has one.
+    quant: Option<MlxQuantization>,
     shards: Vec<Shard>,
     /// Tensor name -> shard index.
     index: HashMap<String, usize>,
@@ -70,7 +73,7 @@ impl HfDir {
     /// quantization before any weight is touched.
     pub fn open(dir: &Path) -> Result<HfDir> {
         let config = read_json(&dir.join("config.json"))?;
-        refuse_quantization(&config)?;
+        let quant = MlxQuantization::from_config(&config)?;
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| ModelError::io(dir, e))?
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -104,6 +107,7 @@ impl HfDir {
         Ok(HfDir {
             dir: dir.to_path_buf(),
             config,
+            quant,
             shards,
             index,
         })
@@ -117,16 +121,36 @@ impl HfDir {
         &self.config
     }
 
-    /// Every tensor's (Hugging Face) name, shape and format.
-    pub fn tensors(&self) -> Result<Vec<(String, Vec<usize>, Format)>> {
+    /// Every tensor's (Hugging Face) name, shape and encoding. An affine
+    /// module is one entry, `M.weight`, with its unpacked shape; its layout
+    /// is checked against `config.json` here, before any weight is read.
+    pub fn tensors(&self) -> Result<Vec<(String, Vec<usize>, Encoding)>> {
         let mut out = Vec::new();
         for shard in &self.shards {
             for (name, info) in shard.meta.tensors() {
-                out.push((
-                    name.clone(),
-                    info.shape.clone(),
-                    float_format(&name, info.dtype)?,
-                ));
+                let module = name
+                    .strip_suffix(".scales")
+                    .or_else(|| name.strip_suffix(".biases"));
+                if let Some(module) = module {
+                    if self.index.contains_key(&format!("{module}.weight")) {
+                        continue;
+                    }
+                    return Err(ModelError::Malformed(format!(
+                        "tensor {name} has no {module}.weight"
+                    )));
+                }
+                let entry = match self.affine_module(&name) {
+                    Some(module) => {
+                        let (shape, enc) = self.affine_layout(module)?;
+                        (name.clone(), shape, enc)
+                    }
+                    None => (
+                        name.clone(),
+                        info.shape.clone(),
+                        float_format(&name, info.dtype)?.into(),
+                    ),
+                };
+                out.push(entry);
             }
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -192,25 +216,83 @@ impl HfDir {
     }
 }
 
-/// Only plain float checkpoints are read here; anything that declares a
-/// quantization is refused by name.
-fn refuse_quantization(config: &Value) -> Result<()> {
-    for key in ["quantization", "quantization_config"] {
-        if let Some(q) = config.get(key).filter(|v| !v.is_null()) {
-            let method = q["quant_method"]
-                .as_str()
-                .unwrap_or(if key == "quantization" {
-                    "mlx affine"
-                } else {
-                    "unknown"
-                });
-            return Err(ModelError::Unsupported(format!(
-                "config.json declares {key} ({method}); supported checkpoints are f32/f16/bf16 safetensors \
-                 and GGUF files (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K)"
-            )));
-        }
+impl HfDir {
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.index
+            .get(name)
+            .and_then(|&i| self.shards[i].meta.info(name))
     }
-    Ok(())
+
+    fn bytes(&self, name: &str) -> Result<&[u8]> {
+        let shard = self
+            .index
+            .get(name)
+            .map(|&i| &self.shards[i])
+            .ok_or_else(|| ModelError::Malformed(format!("checkpoint has no tensor {name}")))?;
+        let info = shard.meta.info(name).expect("indexed tensor");
+        let (a, b) = info.data_offsets;
+        let base = 8 + shard.header_len;
+        shard.map.get(base + a..base + b).ok_or_else(|| {
+            ModelError::Malformed(format!("tensor {name} lies past the end of its file"))
+        })
+    }
+
+    /// The module of `name` when it is an affine-packed weight (`M.weight`
+    /// beside `M.scales`).
+    fn affine_module<'a>(&self, name: &'a str) -> Option<&'a str> {
+        name.strip_suffix(".weight")
+            .filter(|m| self.index.contains_key(&format!("{m}.scales")))
+    }
+
+    /// The unpacked shape and encoding of an affine module, from headers:
+    /// the packed width, the scales' shape and the config must agree.
+    fn affine_layout(&self, module: &str) -> Result<(Vec<usize>, Encoding)> {
+        let bad = |m: String| Err(ModelError::Malformed(format!("{module}: {m}")));
+        let Some(quant) = &self.quant else {
+            return Err(ModelError::Unsupported(format!(
+                "{module} is affine-packed but config.json has no `quantization` block; {}",
+                crate::mlx::SUPPORTED
+            )));
+        };
+        let Some(spec) = quant.for_module(module) else {
+            return bad("packed, but config.json's quantization keeps it in floats".into());
+        };
+        let (w, s, b) = (
+            self.info(&format!("{module}.weight")),
+            self.info(&format!("{module}.scales")),
+            self.info(&format!("{module}.biases")),
+        );
+        let (Some(w), Some(s), Some(b)) = (w, s, b) else {
+            return bad("affine modules need .weight, .scales and .biases".into());
+        };
+        if w.dtype != Dtype::U32 || w.shape.len() != 2 {
+            return bad(format!(
+                "packed weight must be 2-D U32, is {:?} {:?}",
+                w.dtype, w.shape
+            ));
+        }
+        let (rows, words) = (w.shape[0], w.shape[1]);
+        let cols = words * 32 / spec.bits() as usize;
+        let groups = vec![rows, cols / spec.group()];
+        let dtype = match s.dtype {
+            Dtype::F32 => ScaleDtype::F32,
+            Dtype::F16 => ScaleDtype::F16,
+            Dtype::BF16 => ScaleDtype::Bf16,
+            other => return bad(format!("scales are {other:?}; must be F32, F16 or BF16")),
+        };
+        if !(words * 32).is_multiple_of(spec.bits() as usize)
+            || !cols.is_multiple_of(spec.group())
+            || s.shape != groups
+            || b.shape != groups
+            || b.dtype != s.dtype
+        {
+            return bad(format!(
+                "weight {:?}, scales {:?} {:?} and biases {:?} {:?} do not fit {spec}",
+                w.shape, s.dtype, s.shape, b.dtype, b.shape
+            ));
+        }
+        Ok((vec![rows, cols], Encoding::Affine(spec, dtype)))
+    }
 }
 
 fn float_format(name: &str, dtype: Dtype) -> Result<Format> {
@@ -219,7 +301,8 @@ fn float_format(name: &str, dtype: Dtype) -> Result<Format> {
         Dtype::F16 => Ok(Format::F16),
         Dtype::BF16 => Ok(Format::Bf16),
         other => Err(ModelError::Unsupported(format!(
-            "tensor {name} is {other:?}; safetensors weights must be F32, F16 or BF16"
+            "tensor {name} is {other:?}; safetensors weights must be F32, F16 or BF16 \
+             (or affine-packed U32 with .scales and .biases)"
         ))),
     }
 }
@@ -227,6 +310,27 @@ fn float_format(name: &str, dtype: Dtype) -> Result<Format> {
 impl TensorSource for HfDir {
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let hf = hf_name_of(name);
+        if let Some(module) = self.affine_module(&hf) {
+            let (shape, enc) = self.affine_layout(module)?;
+            let Encoding::Affine(spec, dtype) = enc else {
+                unreachable!("affine_layout answers affine encodings")
+            };
+            if shape != [rows, cols] {
+                return Err(ModelError::Malformed(format!(
+                    "tensor {hf} unpacks to {shape:?}, expected {rows}x{cols}"
+                )));
+            }
+            let blocks = AffineBlocks::from_le_bytes(
+                spec,
+                dtype,
+                rows,
+                cols,
+                self.bytes(&hf)?,
+                self.bytes(&format!("{module}.scales"))?,
+                self.bytes(&format!("{module}.biases"))?,
+            )?;
+            return Ok(Matrix::new(rows, cols, Storage::Affine(blocks))?);
+        }
         let shard = self
             .index
             .get(&hf)

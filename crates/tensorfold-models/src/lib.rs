@@ -22,6 +22,7 @@ mod error;
 mod family;
 mod gguf;
 mod hf;
+pub mod mlx;
 pub mod synth;
 mod tokenizer;
 mod weights;
@@ -31,7 +32,7 @@ pub use decoder::{Block, Logits, Model, Seq};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;
-pub use tensorfold_quant::Format;
+pub use tensorfold_quant::{Affine, Encoding, Format, ScaleDtype};
 
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -88,7 +89,13 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
     }
     let (layout, config, tensors) = if is_gguf(path) {
         let f = GgufFile::open(path)?;
-        ("gguf", f.config()?, f.tensors()?)
+        let tensors = f.tensors()?;
+        let tensors = tensors.into_iter().map(|(n, s, f)| (n, s, f.into()));
+        (
+            "gguf",
+            f.config()?,
+            tensors.collect::<Vec<(_, _, Encoding)>>(),
+        )
     } else {
         let d = HfDir::open(path)?;
         ("huggingface", d.config()?, d.tensors()?)
@@ -96,11 +103,12 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
     config.validate().map_err(ModelError::Malformed)?;
     let mut formats = BTreeMap::new();
     let (mut parameters, mut weight_bytes) = (0, 0);
-    for (_, shape, format) in &tensors {
-        *formats.entry(format.name().to_string()).or_insert(0) += 1;
+    for (_, shape, encoding) in &tensors {
+        *formats.entry(encoding.name()).or_insert(0) += 1;
         let n: usize = shape.iter().product();
         parameters += n;
-        weight_bytes += n / format.block_elems() * format.block_bytes();
+        let cols = shape.last().copied().unwrap_or(1).max(1);
+        weight_bytes += encoding.matrix_bytes(n / cols, cols);
     }
     Ok(ModelInfo {
         path: path.display().to_string(),

@@ -4,9 +4,13 @@
 //! The tokenizer is byte-level BPE over the 256 byte symbols plus ChatML
 //! control tokens, so any text round-trips; the chat template is ChatML.
 
-use crate::config::Arch;
+use crate::config::{Arch, ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
+use crate::mlx::{MlxQuantization, QuantizeOptions};
+use crate::weights::TensorSource;
+use crate::{Bundle, GenerationDefaults};
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, gguf_file, GgmlDType, QTensor};
+use std::collections::HashMap;
 use std::path::Path;
 use tensorfold_quant::{Format, GgmlBlocks, Matrix, Storage};
 use tokenizers::models::bpe::BPE;
@@ -50,6 +54,41 @@ impl SynthSpec {
             tied_embeddings: arch != Arch::Qwen2,
             format,
             seed,
+        }
+    }
+
+    /// A tiny model whose rows fit the groups of `quant` (64 wide for
+    /// groups up to 64, 256 for 128), for [`write_mlx`].
+    pub fn tiny_affine(arch: Arch, quant: &MlxQuantization, seed: u64) -> SynthSpec {
+        let groups = std::iter::once(quant.default)
+            .chain(quant.overrides.values().flatten().copied())
+            .map(|a| a.group());
+        let wide = groups.max().unwrap_or(32) > 64;
+        let like = if wide { Format::Q4K } else { Format::F32 };
+        SynthSpec {
+            format: Format::F32,
+            ..SynthSpec::tiny(arch, like, seed)
+        }
+    }
+
+    /// The configuration [`write_hf`] writes for this spec.
+    pub fn config(&self) -> ModelConfig {
+        ModelConfig {
+            arch: self.arch,
+            vocab_size: self.vocab_size(),
+            hidden_size: self.hidden_size,
+            intermediate_size: self.intermediate_size,
+            layers: self.layers,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            rms_eps: 1e-6,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::Half,
+            max_positions: self.max_positions,
+            tied_embeddings: self.tied_embeddings,
+            qkv_bias: self.arch == Arch::Qwen2,
+            qk_norm: self.arch == Arch::Qwen3,
         }
     }
 
@@ -249,7 +288,7 @@ pub fn write_hf(dir: &Path, spec: &SynthSpec) -> Result<()> {
             Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Ggml(_) => unreachable!("float format"),
+            Storage::Ggml(_) | Storage::Affine(_) => unreachable!("float format"),
         };
         debug_assert_eq!(bytes.len(), rows * cols * if is_matrix { width } else { 4 });
         let shape = if is_matrix {
@@ -304,6 +343,7 @@ pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
             Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Storage::Affine(_) => unreachable!("GGUF formats only"),
         };
         let dims = if is_matrix {
             vec![rows, cols]
@@ -363,4 +403,45 @@ pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
     let mut file = std::io::BufWriter::new(std::fs::File::create(path).map_err(io(path))?);
     gguf_file::write(&mut file, &meta_refs, &tensor_refs)
         .map_err(|e| ModelError::Malformed(e.to_string()))
+}
+
+/// The random tensors in memory, as f32 matrices by GGUF name.
+struct MemSource(HashMap<String, (usize, usize, Vec<f32>)>);
+
+impl TensorSource for MemSource {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let (r, c, v) = self
+            .0
+            .get(name)
+            .ok_or_else(|| ModelError::Malformed(format!("no synthetic tensor {name}")))?;
+        if r * c != rows * cols {
+            return Err(ModelError::Malformed(format!(
+                "{name}: {r}x{c}, not {rows}x{cols}"
+            )));
+        }
+        Ok(Matrix::from_f32(Format::F32, rows, cols, v)?)
+    }
+}
+
+/// Writes an MLX affine checkpoint of the random model: the same f32
+/// weights [`write_hf`] writes, quantized by `opts` (`spec.format` is not
+/// used). Tokenizer, template and special tokens are those of `write_hf`.
+pub fn write_mlx(dir: &Path, spec: &SynthSpec, opts: &QuantizeOptions) -> Result<()> {
+    let map = tensors(spec)
+        .into_iter()
+        .map(|(name, rows, cols, vals, _)| (name, (rows, cols, vals)))
+        .collect();
+    let model = crate::weights::build(spec.config(), &mut MemSource(map))?;
+    let bundle = Bundle {
+        name: "synthetic".into(),
+        model,
+        tokenizer: tokenizer(),
+        chat_template: Some(CHATML_TEMPLATE.into()),
+        bos_token: Some(SPECIALS[0].into()),
+        eos_token: Some(SPECIALS[2].into()),
+        eos_ids: vec![256 + 2],
+        add_bos: None,
+        defaults: GenerationDefaults::default(),
+    };
+    crate::mlx::write(&bundle, opts, dir)
 }

@@ -9,10 +9,12 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod affine;
 mod dot;
 mod ggml;
 mod matrix;
 
+pub use affine::{pack, unpack, Affine, AffineBlocks, ScaleDtype, AFFINE_BITS, AFFINE_GROUPS};
 pub use dot::{dot, dot_portable, sum_squares};
 pub use ggml::GgmlBlocks;
 pub use matrix::{Matrix, Storage};
@@ -115,6 +117,45 @@ impl std::fmt::Display for Format {
     }
 }
 
+/// How a matrix is stored: a [`Format`] (float or GGUF block type), or MLX
+/// affine groups with scales and biases of a [`ScaleDtype`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Encoding {
+    Plain(Format),
+    Affine(Affine, ScaleDtype),
+}
+
+impl Encoding {
+    pub fn name(&self) -> String {
+        match self {
+            Encoding::Plain(f) => f.name().to_string(),
+            Encoding::Affine(a, _) => a.to_string(),
+        }
+    }
+
+    /// Bytes a `rows x cols` matrix takes (all three tensors for affine).
+    pub fn matrix_bytes(&self, rows: usize, cols: usize) -> usize {
+        match self {
+            Encoding::Plain(f) => f.matrix_bytes(rows, cols),
+            Encoding::Affine(a, d) => {
+                rows * a.row_words(cols) * 4 + 2 * rows * (cols / a.group()) * d.bytes()
+            }
+        }
+    }
+}
+
+impl From<Format> for Encoding {
+    fn from(f: Format) -> Encoding {
+        Encoding::Plain(f)
+    }
+}
+
+impl std::fmt::Display for Encoding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
 /// Errors building a weight matrix.
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
@@ -132,4 +173,6 @@ pub enum QuantError {
         cols: usize,
         block: usize,
     },
+    #[error("affine weight: {0}")]
+    Affine(String),
 }

@@ -1,7 +1,7 @@
 //! A weight matrix `W` (`rows x cols`, applied as `x W^T`) and its product.
 
 use crate::dot::dot_block;
-use crate::{Format, GgmlBlocks, QuantError};
+use crate::{AffineBlocks, Encoding, Format, GgmlBlocks, QuantError};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -12,6 +12,7 @@ pub enum Storage {
     F16(Vec<f16>),
     Bf16(Vec<bf16>),
     Ggml(GgmlBlocks),
+    Affine(AffineBlocks),
 }
 
 /// A weight matrix: `rows` output features by `cols` input features.
@@ -24,7 +25,10 @@ pub struct Matrix {
 
 impl Matrix {
     pub fn new(rows: usize, cols: usize, storage: Storage) -> Result<Matrix, QuantError> {
-        let format = storage_format(&storage);
+        let format = match storage_format(&storage) {
+            Encoding::Plain(f) => f,
+            Encoding::Affine(..) => return Matrix::new_affine(rows, cols, storage),
+        };
         let block = format.block_elems();
         if !cols.is_multiple_of(block) {
             return Err(QuantError::Shape {
@@ -38,6 +42,7 @@ impl Matrix {
             Storage::F16(v) => v.len() * 2,
             Storage::Bf16(v) => v.len() * 2,
             Storage::Ggml(b) => b.as_bytes().len(),
+            Storage::Affine(_) => unreachable!("checked above"),
         };
         let expected = format.matrix_bytes(rows, cols);
         if got != expected {
@@ -48,6 +53,24 @@ impl Matrix {
                 expected,
                 got,
             });
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            storage,
+        })
+    }
+
+    /// Affine blocks carry their own shape; it must be the matrix's.
+    fn new_affine(rows: usize, cols: usize, storage: Storage) -> Result<Matrix, QuantError> {
+        if let Storage::Affine(a) = &storage {
+            if (a.rows(), a.cols()) != (rows, cols) {
+                return Err(QuantError::Affine(format!(
+                    "{}x{} blocks for a {rows}x{cols} matrix",
+                    a.rows(),
+                    a.cols()
+                )));
+            }
         }
         Ok(Matrix {
             rows,
@@ -97,14 +120,21 @@ impl Matrix {
         Matrix::new(rows, cols, storage)
     }
 
-    /// Stores f32 values (row-major) in `format`, quantizing if needed.
+    /// Stores f32 values (row-major) in `encoding`, quantizing if needed.
     pub fn from_f32(
-        format: Format,
+        encoding: impl Into<Encoding>,
         rows: usize,
         cols: usize,
         values: &[f32],
     ) -> Result<Matrix, QuantError> {
         assert_eq!(values.len(), rows * cols, "values must be rows x cols");
+        let format = match encoding.into() {
+            Encoding::Plain(f) => f,
+            Encoding::Affine(a, d) => {
+                let blocks = AffineBlocks::quantize(a, d, rows, cols, values)?;
+                return Matrix::new(rows, cols, Storage::Affine(blocks));
+            }
+        };
         let storage = match format {
             Format::F32 => Storage::F32(values.to_vec()),
             Format::F16 => Storage::F16(values.iter().map(|&v| f16::from_f32(v)).collect()),
@@ -131,7 +161,7 @@ impl Matrix {
         self.cols
     }
 
-    pub fn format(&self) -> Format {
+    pub fn format(&self) -> Encoding {
         storage_format(&self.storage)
     }
 
@@ -158,6 +188,7 @@ impl Matrix {
                 .zip(&v[r * c..(r + 1) * c])
                 .for_each(|(o, w)| *o = w.to_f32()),
             Storage::Ggml(b) => b.dequantize_row(r, c, out),
+            Storage::Affine(a) => a.dequantize_row(r, out),
         }
     }
 
@@ -310,12 +341,13 @@ unsafe fn block_rows<const R: usize, const W: usize>(
     }
 }
 
-fn storage_format(storage: &Storage) -> Format {
+fn storage_format(storage: &Storage) -> Encoding {
     match storage {
-        Storage::F32(_) => Format::F32,
-        Storage::F16(_) => Format::F16,
-        Storage::Bf16(_) => Format::Bf16,
-        Storage::Ggml(b) => b.format(),
+        Storage::F32(_) => Format::F32.into(),
+        Storage::F16(_) => Format::F16.into(),
+        Storage::Bf16(_) => Format::Bf16.into(),
+        Storage::Ggml(b) => b.format().into(),
+        Storage::Affine(a) => Encoding::Affine(a.spec(), a.scale_dtype()),
     }
 }
 
@@ -361,6 +393,7 @@ mod tests {
                 Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
                 Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Storage::Affine(_) => unreachable!("plain formats only"),
             };
             let back = Matrix::from_bytes(f, 3, 256, &raw).unwrap();
             let (mut a, mut b) = (vec![0.0; 256], vec![0.0; 256]);

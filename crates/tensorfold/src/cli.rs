@@ -22,6 +22,45 @@ pub enum Command {
     Info(InfoArgs),
     /// Serve the OpenAI API over HTTP.
     Serve(ServeArgs),
+    /// Write a model as an MLX affine checkpoint (Hugging Face layout).
+    Quantize(QuantizeArgs),
+}
+
+/// `tensorfold quantize SRC --bits B --group G --out DIR`.
+///
+/// Every 2-D weight is quantized by MLX's affine rule (per group: min/max,
+/// scale snapped so the larger extreme is exact, round half to even);
+/// norms and biases stay f32. The output holds config.json (with the
+/// `quantization` block), model.safetensors, tokenizer.json,
+/// tokenizer_config.json and generation_config.json.
+#[derive(Args)]
+pub struct QuantizeArgs {
+    /// A GGUF file or f32/f16/bf16 (or MLX) Hugging Face directory.
+    pub source: PathBuf,
+    /// Bits per weight: 2, 3, 4, 5, 6 or 8.
+    #[arg(long, default_value_t = 4)]
+    pub bits: u32,
+    /// Weights per scale/bias group: 32, 64 or 128.
+    #[arg(long, default_value_t = 64)]
+    pub group: usize,
+    /// Bits for the token embeddings (model.embed_tokens); default --bits.
+    #[arg(long)]
+    pub embed_bits: Option<u32>,
+    /// Group size for the token embeddings; default --group.
+    #[arg(long)]
+    pub embed_group: Option<usize>,
+    /// Bits for an untied output head (lm_head); default --bits.
+    #[arg(long)]
+    pub head_bits: Option<u32>,
+    /// Group size for an untied output head; default --group.
+    #[arg(long)]
+    pub head_group: Option<usize>,
+    /// Dtype of scales and biases: f16, bf16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub scale_dtype: String,
+    /// Output directory (created; existing files are replaced).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(Args)]

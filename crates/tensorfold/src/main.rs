@@ -1,6 +1,8 @@
-//! `tensorfold`: run a prompt, inspect a model, serve the OpenAI API.
+//! `tensorfold`: run a prompt, inspect a model, serve the OpenAI API,
+//! quantize a model.
 
 mod cli;
+mod quantize;
 mod run;
 mod serve;
 
@@ -12,6 +14,7 @@ fn main() -> std::process::ExitCode {
         cli::Command::Run(a) => run::run(a),
         cli::Command::Info(a) => run::info(a),
         cli::Command::Serve(a) => serve::serve(a),
+        cli::Command::Quantize(a) => quantize::quantize(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,112 @@
+//! Top-1 agreement of affine-quantized SmolLM2 with its source, per bit
+//! width: `cargo run --release -p tensorfold-tests --bin agreement`.
+//!
+//! The source is quantized in memory at each setting, written in the MLX
+//! layout, loaded back, and both models run a fixed text; a position agrees
+//! when the two argmax tokens are equal. The greedy chat reply to "What is
+//! the capital of France?" is shown beside it.
+
+use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt};
+use tensorfold_kv::KvCache;
+use tensorfold_models::mlx::{self, MlxQuantization, QuantizeOptions};
+use tensorfold_models::{Affine, Logits, ScaleDtype};
+
+const TEXT: &str = "The history of the bicycle begins in the early nineteenth century. \
+    In 1817 Karl Drais built a two-wheeled running machine that riders pushed along with \
+    their feet. Pedals attached to the front wheel arrived in the 1860s in France, and the \
+    high-wheeled penny-farthing followed in the 1870s. The safety bicycle, with two wheels \
+    of equal size and a chain driving the rear wheel, appeared in the 1880s and made cycling \
+    popular across Europe and America. Pneumatic tyres, invented by John Dunlop in 1888, \
+    made the ride far more comfortable. Today bicycles are used for commuting, sport and \
+    recreation all over the world, and cities build lanes to keep cyclists safe.";
+
+fn argmax(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+fn main() {
+    let src = tensorfold_tests::models_dir().join("smollm2-135m-instruct-q4_1.gguf");
+    if !src.exists() {
+        eprintln!("{} is missing: run `cargo xtask models`", src.display());
+        std::process::exit(1);
+    }
+    let source = tensorfold_models::load(&src).expect("source loads");
+    let ids = source.tokenizer.encode(TEXT, false).expect("encodes");
+    let ids = ids.get_ids();
+    let vocab = source.model.config.vocab_size;
+    let top1 = |m: &tensorfold_models::Model| -> Vec<usize> {
+        let mut cache = KvCache::new(m.config.kv_shape());
+        let logits = m.forward(ids, &mut cache, Logits::All);
+        logits.chunks_exact(vocab).map(argmax).collect()
+    };
+    let want = top1(&source.model);
+    let reply = |path: &std::path::Path| -> String {
+        let mut e = Engine::load(path).expect("engine loads");
+        e.set_drafter(DrafterChoice::None).unwrap();
+        let mut req = GenerateRequest::new(Prompt::chat_user("What is the capital of France?"));
+        req.max_tokens = 12;
+        e.generate(&req, &mut |_| true).expect("generates").text
+    };
+    println!("source: {} ({} positions)", src.display(), want.len());
+    println!(
+        "{:<24} {:>12} {:>10}  reply",
+        "setting", "weight MB", "top-1"
+    );
+    println!(
+        "{:<24} {:>12.1} {:>9.1}%  {:?}",
+        "source Q4_1",
+        source.model.weight_bytes() as f64 / 1e6,
+        100.0,
+        reply(&src)
+    );
+    let dir = std::env::temp_dir().join(format!("tensorfold-agreement-{}", std::process::id()));
+    let settings: &[(u32, usize, Option<u32>)] = &[
+        (8, 64, None),
+        (6, 64, None),
+        (6, 64, Some(8)),
+        (6, 32, None),
+        (6, 32, Some(8)),
+        (5, 64, Some(8)),
+        (4, 64, None),
+        (4, 64, Some(8)),
+        (4, 32, Some(8)),
+        (3, 64, Some(8)),
+        (3, 32, Some(8)),
+        (2, 32, Some(8)),
+    ];
+
+    for &(bits, group, embed) in settings {
+        let mut q = MlxQuantization::uniform(Affine::new(bits, group).unwrap());
+        let mut name = format!("{bits}-bit g{group}");
+        if let Some(e) = embed {
+            q.overrides.insert(
+                "model.embed_tokens".into(),
+                Some(Affine::new(e, 64).unwrap()),
+            );
+            name += &format!(" embed {e}-bit");
+        }
+        let opts = QuantizeOptions {
+            quantization: q,
+            scales: ScaleDtype::F16,
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        mlx::write(&source, &opts, &dir).expect("writes");
+        let b = tensorfold_models::load(&dir).expect("loads back");
+        let got = top1(&b.model);
+        let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+        println!(
+            "{:<24} {:>12.1} {:>9.1}%  {:?}",
+            name,
+            b.model.weight_bytes() as f64 / 1e6,
+            100.0 * same as f64 / want.len() as f64,
+            reply(&dir)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
