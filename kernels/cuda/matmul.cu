@@ -35,6 +35,9 @@ __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const f
         for (int c = 0; c < C; c++) acc[r][c] = 0.f;
 
     const int units = K >> 5;
+    // Unrolled so several units' loads are in flight; each accumulator still
+    // takes its units in increasing order.
+#pragma unroll 4
     for (int u = lane; u < units; u += 32) {
         TfUnit t[C];
 #pragma unroll

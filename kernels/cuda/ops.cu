@@ -141,7 +141,7 @@ extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, i
 // dot, the block's sums use a fixed tree, and values are added key by key
 // in position order. Nothing depends on other rows or on chunking.
 extern "C" __global__ void __launch_bounds__(32)
-    attention(const float* q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
+    attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
               const unsigned long long* v_base, const long long* cap, int layer, float* out) {
     __shared__ float qs[TF_MAX_HD];
@@ -160,25 +160,28 @@ extern "C" __global__ void __launch_bounds__(32)
     float m = -INFINITY, l = 0.f;
     const long long n = pos + 1;
     for (long long b0 = 0; b0 < n; b0 += TF_KEY_BLOCK) {
-        float s[2];
-        bool ok[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) {
-            long long j = b0 + 32 * half + lane;
-            ok[half] = j < n;
-            float acc = 0.f;
-            if (ok[half]) {
-                const float* kr = K + (size_t)j * kvw;
-                for (int d = 0; d < hd; d += 4) {
-                    float4 kv = *reinterpret_cast<const float4*>(kr + d);
-                    acc = __fmaf_rn(qs[d], kv.x, acc);
-                    acc = __fmaf_rn(qs[d + 1], kv.y, acc);
-                    acc = __fmaf_rn(qs[d + 2], kv.z, acc);
-                    acc = __fmaf_rn(qs[d + 3], kv.w, acc);
-                }
-            }
-            s[half] = ok[half] ? __fmul_rn(acc, scale) : -INFINITY;
+        // Both keys of this lane in one pass: two independent chains, the
+        // same sequential order over dimensions as one at a time.
+        const long long j0 = b0 + lane, j1 = b0 + 32 + lane;
+        const bool ok[2] = {j0 < n, j1 < n};
+        const float* k0 = K + (size_t)(ok[0] ? j0 : 0) * kvw;
+        const float* k1 = K + (size_t)(ok[1] ? j1 : 0) * kvw;
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll 8
+        for (int d = 0; d < hd; d += 4) {
+            const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
+            const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
+            a0 = __fmaf_rn(qs[d], x0.x, a0);
+            a1 = __fmaf_rn(qs[d], x1.x, a1);
+            a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
+            a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
+            a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
+            a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
+            a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
+            a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
         }
+        const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY,
+                            ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
         const float bm = tf_warp_max(fmaxf(s[0], s[1]));
         const float mn = fmaxf(m, bm);
         const float alpha = m == -INFINITY ? 0.f : expf(__fsub_rn(m, mn));
@@ -190,12 +193,27 @@ extern "C" __global__ void __launch_bounds__(32)
 #pragma unroll
         for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = __fmul_rn(o[t], alpha);
         const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
-        for (int jj = 0; jj < valid; jj++) {
-            const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p[0] : p[1], jj & 31);
-            const float* vr = V + (size_t)(b0 + jj) * kvw;
+        // Values key by key in position order; loads of 8 keys are issued
+        // before their multiply-adds so they overlap.
+        for (int j8 = 0; j8 < valid; j8 += 8) {
+            float vv[8][TF_MAX_HD / 32];
 #pragma unroll
-            for (int t = 0; t < TF_MAX_HD / 32; t++)
-                if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vr[lane + 32 * t], o[t]);
+            for (int k = 0; k < 8; k++) {
+                const float* vr = V + (size_t)(b0 + min(j8 + k, valid - 1)) * kvw;
+#pragma unroll
+                for (int t = 0; t < TF_MAX_HD / 32; t++)
+                    vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int jj = j8 + k;
+                const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p[0] : p[1], jj & 31);
+                if (jj < valid) {
+#pragma unroll
+                    for (int t = 0; t < TF_MAX_HD / 32; t++)
+                        if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+                }
+            }
         }
         m = mn;
     }

@@ -2,7 +2,8 @@
 //! memory (no file to carry): decode tokens/s against the bandwidth bound,
 //! prefill tokens/s, and aggregate tokens/s of batched streams.
 //!
-//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]...`
+//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode]`
+//! (`decode` stops after the decode cell, for profiling).
 
 use std::time::Instant;
 use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel};
@@ -191,6 +192,9 @@ fn main() {
             100.0 * n as f64 / s / bound
         );
 
+        if args.iter().any(|a| a == "decode") {
+            continue;
+        }
         // Verification-sized calls: 8 rows per forward.
         let t = Instant::now();
         let reps = 32;

@@ -67,3 +67,11 @@ pub fn available() -> bool {
         false
     }
 }
+
+#[cfg(all(test, not(feature = "cuda")))]
+mod tests {
+    #[test]
+    fn without_the_feature_no_device_is_offered() {
+        assert!(!super::available());
+    }
+}
