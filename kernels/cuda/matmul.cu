@@ -100,7 +100,9 @@ __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const f
     TF_MM(NAME, FMT, 1, 1)   \
     TF_MM(NAME, FMT, 2, 2)   \
     TF_MM(NAME, FMT, 4, 2)   \
-    TF_MM(NAME, FMT, 8, 4)
+    TF_MM(NAME, FMT, 8, 4)   \
+    TF_MM(NAME, FMT, 1, 4)   \
+    TF_MM(NAME, FMT, 2, 4)
 
 TF_MM_ALL(mm_f32, TF_F32)
 TF_MM_ALL(mm_f16, TF_F16)

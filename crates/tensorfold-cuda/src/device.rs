@@ -31,7 +31,7 @@ const FORMATS: [(Format, &str); 9] = [
 
 /// Register tiles of the matmul: (rows, columns) per warp. They only group
 /// accumulators; every tile computes each element in the same order.
-const TILES: [(usize, usize); 4] = [(1, 1), (2, 2), (4, 2), (8, 4)];
+const TILES: [(usize, usize); 6] = [(1, 1), (2, 2), (4, 2), (8, 4), (1, 4), (2, 4)];
 const MM_WARPS: usize = 4;
 
 fn fmt_code(f: Format) -> Result<usize> {
@@ -41,10 +41,16 @@ fn fmt_code(f: Format) -> Result<usize> {
         .ok_or_else(|| CudaError::Unsupported(format!("{f} weights")))
 }
 
-/// Picks the register tile for `m` rows (speed only: see `TILES`).
-fn tile_for(m: usize) -> usize {
+/// Picks the register tile for `m` rows of a matrix with `n` outputs
+/// (speed only: see `TILES`). Few rows are bound by loads of the input, so
+/// wide matrices share each input load over four columns; narrow ones keep
+/// one column per warp to fill the GPU.
+fn tile_for(m: usize, n: usize) -> usize {
+    let wide = n >= 2048;
     match m {
+        1 if wide => 4,
         1 => 0,
+        2 if wide => 5,
         2 => 1,
         3..=4 => 2,
         _ => 3,
@@ -339,7 +345,7 @@ impl CudaModel {
         ldy: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let t = tile_for(m);
+        let t = tile_for(m, w.rows);
         let (r, c) = TILES[t];
         let f = &self.k.matmul[w.code][t];
         let cfg = LaunchConfig {
