@@ -1,0 +1,255 @@
+//! Speed of the CUDA forward on random-weight models of real shapes, built in
+//! memory (no file to carry): decode tokens/s against the bandwidth bound,
+//! prefill tokens/s, and aggregate tokens/s of batched streams.
+//!
+//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode]`
+//! (`decode` stops after the decode cell, for profiling).
+
+use std::time::Instant;
+use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel};
+use tensorfold_models::{Arch, Block, Format, Logits, Model, ModelConfig, RopeStyle, Seq};
+use tensorfold_quant::Matrix;
+
+struct Shape {
+    name: &'static str,
+    format: Format,
+    config: ModelConfig,
+}
+
+fn shapes() -> Vec<Shape> {
+    let llama = |vocab, h, ff, layers, heads, kv, hd, theta, tied| ModelConfig {
+        arch: Arch::Llama,
+        vocab_size: vocab,
+        hidden_size: h,
+        intermediate_size: ff,
+        layers,
+        heads,
+        kv_heads: kv,
+        head_dim: hd,
+        rms_eps: 1e-5,
+        rope_theta: theta,
+        rope_style: RopeStyle::Interleaved,
+        max_positions: 16384,
+        tied_embeddings: tied,
+        qkv_bias: false,
+        qk_norm: false,
+    };
+    vec![
+        // SmolLM2-135M: 576 inputs per row is not a multiple of 256, so the
+        // k-quants cannot store it; Q4_1 is the registry file's format.
+        Shape {
+            name: "smollm2",
+            format: Format::Q4_1,
+            config: llama(49152, 576, 1536, 30, 9, 3, 64, 100000.0, true),
+        },
+        Shape {
+            name: "llama8b",
+            format: Format::Q4K,
+            config: llama(128256, 4096, 14336, 32, 32, 8, 128, 500000.0, false),
+        },
+    ]
+}
+
+/// Random GGUF blocks with sane scales, filled on every core.
+fn random_matrix(format: Format, rows: usize, cols: usize, seed: u64) -> Matrix {
+    let bytes = format.matrix_bytes(rows, cols);
+    let mut buf = vec![0u8; bytes];
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let chunk = bytes.div_ceil(threads).next_multiple_of(8);
+    std::thread::scope(|s| {
+        for (i, part) in buf.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                let mut x = seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                for w in part.chunks_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let b = x.to_le_bytes();
+                    w.copy_from_slice(&b[..w.len()]);
+                }
+            });
+        }
+    });
+    let scale = 1.0 / (cols as f32).sqrt();
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    let bb = format.block_bytes();
+    for blk in buf.chunks_exact_mut(bb) {
+        match format {
+            // d, dmin: weights d*sc*q - dmin*m with sc, m < 64 and q < 16.
+            Format::Q4K => {
+                blk[0..2].copy_from_slice(&f16(scale / 200.0));
+                blk[2..4].copy_from_slice(&f16(scale / 400.0));
+            }
+            // d, m: d*q + m, centred.
+            Format::Q4_1 => {
+                blk[0..2].copy_from_slice(&f16(scale / 4.0));
+                blk[2..4].copy_from_slice(&f16(-scale * 2.0));
+            }
+            _ => unimplemented!("bench formats"),
+        }
+    }
+    Matrix::from_bytes(format, rows, cols, &buf).expect("valid blocks")
+}
+
+fn random_model(shape: &Shape) -> Model {
+    let c = shape.config.clone();
+    let f = shape.format;
+    let (h, qw, kvw, ff) = (
+        c.hidden_size,
+        c.q_width(),
+        c.kv_width(),
+        c.intermediate_size,
+    );
+    let mut seed = 1;
+    let mut m = |rows, cols| {
+        seed += 1;
+        random_matrix(f, rows, cols, seed)
+    };
+    let ones = |n| vec![1.0f32; n];
+    let blocks = (0..c.layers)
+        .map(|_| Block {
+            attn_norm: ones(h),
+            q: m(qw, h),
+            k: m(kvw, h),
+            v: m(kvw, h),
+            o: m(h, qw),
+            q_bias: None,
+            k_bias: None,
+            v_bias: None,
+            q_norm: None,
+            k_norm: None,
+            ffn_norm: ones(h),
+            gate: m(ff, h),
+            up: m(ff, h),
+            down: m(h, ff),
+        })
+        .collect();
+    let embed = m(c.vocab_size, h);
+    let lm_head = (!c.tied_embeddings).then(|| m(c.vocab_size, h));
+    Model {
+        norm: ones(h),
+        config: c,
+        embed,
+        blocks,
+        lm_head,
+    }
+}
+
+fn prefill(g: &CudaModel, kv: &mut CudaKv, toks: &[u32], chunk: usize) {
+    let n = toks.len();
+    for (i, c) in toks.chunks(chunk).enumerate() {
+        let last = (i + 1) * chunk >= n;
+        let want = if last { Logits::Last } else { Logits::None };
+        g.forward(c, kv, want).unwrap();
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let bw = measure_copy_bandwidth(0, 1 << 30).unwrap();
+    println!("copy bandwidth (read + write): {:.0} GB/s", bw / 1e9);
+    for shape in shapes() {
+        if !args.is_empty() && !args.iter().any(|a| a == shape.name) {
+            continue;
+        }
+        let t = Instant::now();
+        let model = random_model(&shape);
+        let built = t.elapsed();
+        let t = Instant::now();
+        let g = CudaModel::upload(&model, 0).unwrap();
+        let per_tok = g.bytes_per_token();
+        println!(
+            "\n{} ({}, {:.2} GB weights, {:.2} GB read per token): built {:.1?}, uploaded {:.1?}",
+            shape.name,
+            shape.format,
+            g.weight_bytes() as f64 / 1e9,
+            per_tok as f64 / 1e9,
+            built,
+            t.elapsed()
+        );
+        drop(model);
+        let vocab = shape.config.vocab_size as u32;
+        let toks: Vec<u32> = (0..8192u32).map(|i| (i * 7919 + 13) % vocab).collect();
+
+        // Decode: 128-token prompt, then one token per forward.
+        let mut kv = g.new_cache();
+        prefill(&g, &mut kv, &toks[..128], 256);
+        for t in &toks[128..136] {
+            g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+        }
+        let n = 128;
+        let t = Instant::now();
+        for t in &toks[136..136 + n] {
+            g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+        }
+        let s = t.elapsed().as_secs_f64();
+        let bound = bw / per_tok as f64;
+        println!(
+            "decode: {:.1} tok/s ({:.3} ms/token); bandwidth bound {:.1} tok/s; {:.0}% of bound",
+            n as f64 / s,
+            1e3 * s / n as f64,
+            bound,
+            100.0 * n as f64 / s / bound
+        );
+
+        if args.iter().any(|a| a == "decode") {
+            continue;
+        }
+        // Verification-sized calls: 8 rows per forward.
+        let t = Instant::now();
+        let reps = 32;
+        for i in 0..reps {
+            g.forward(&toks[i * 8..i * 8 + 8], &mut kv, Logits::All)
+                .unwrap();
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "8-row forward: {:.3} ms ({:.1} rows/s)",
+            1e3 * s / reps as f64,
+            (8 * reps) as f64 / s
+        );
+
+        // Prefill at 2k and 8k, in the engine's 256-row chunks.
+        for len in [2048usize, 8192] {
+            let mut kv = g.new_cache();
+            prefill(&g, &mut kv, &toks[..256], 256);
+            let mut kv = g.new_cache();
+            let t = Instant::now();
+            prefill(&g, &mut kv, &toks[..len], 256);
+            let s = t.elapsed().as_secs_f64();
+            println!("prefill {len}: {:.0} tok/s ({:.2} s)", len as f64 / s, s);
+        }
+
+        // 16 streams, one token each per forward, after 128-token prompts.
+        let streams = 16;
+        let mut caches: Vec<CudaKv> = (0..streams).map(|_| g.new_cache()).collect();
+        for (i, kv) in caches.iter_mut().enumerate() {
+            prefill(&g, kv, &toks[i * 128..(i + 1) * 128], 256);
+        }
+        let rounds = 64;
+        let mut step = |r: usize| {
+            let next: Vec<[u32; 1]> = (0..streams).map(|i| [toks[(r * 31 + i) % 8192]]).collect();
+            let mut seqs: Vec<Seq<'_, CudaKv>> = caches
+                .iter_mut()
+                .zip(&next)
+                .map(|(kv, t)| Seq {
+                    tokens: t,
+                    cache: kv,
+                    logits: Logits::Last,
+                })
+                .collect();
+            g.forward_batch(&mut seqs).unwrap();
+        };
+        step(0);
+        let t = Instant::now();
+        for r in 1..=rounds {
+            step(r);
+        }
+        let s = t.elapsed().as_secs_f64();
+        println!(
+            "{streams} streams: {:.1} tok/s aggregate ({:.3} ms per round)",
+            (streams * rounds) as f64 / s,
+            1e3 * s / rounds as f64
+        );
+    }
+}

@@ -1,0 +1,768 @@
+//! The model on the device, its per-sequence caches and the forward.
+
+use crate::CudaError;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+use std::sync::{Arc, Mutex};
+use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
+use tensorfold_quant::{Format, Matrix, Storage};
+
+static MATMUL_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/matmul.fatbin"));
+static OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
+
+type Result<T> = std::result::Result<T, CudaError>;
+
+/// Kernel names of each format, in the order of the codes in
+/// `kernels/cuda/common.cuh`.
+const FORMATS: [(Format, &str); 9] = [
+    (Format::F32, "f32"),
+    (Format::F16, "f16"),
+    (Format::Bf16, "bf16"),
+    (Format::Q4_0, "q4_0"),
+    (Format::Q4_1, "q4_1"),
+    (Format::Q5_0, "q5_0"),
+    (Format::Q8_0, "q8_0"),
+    (Format::Q4K, "q4k"),
+    (Format::Q6K, "q6k"),
+];
+
+/// Register tiles of the matmul: (rows, columns) per warp. They only group
+/// accumulators; every tile computes each element in the same order.
+const TILES: [(usize, usize); 6] = [(1, 1), (2, 2), (4, 2), (8, 4), (1, 4), (2, 4)];
+const MM_WARPS: usize = 4;
+
+fn fmt_code(f: Format) -> Result<usize> {
+    FORMATS
+        .iter()
+        .position(|(g, _)| *g == f)
+        .ok_or_else(|| CudaError::Unsupported(format!("{f} weights")))
+}
+
+/// Picks the register tile for `m` rows of a matrix with `n` outputs
+/// (speed only: see `TILES`). Few rows are bound by loads of the input, so
+/// wide matrices share each input load over four columns; narrow ones keep
+/// one column per warp to fill the GPU.
+fn tile_for(m: usize, n: usize) -> usize {
+    let wide = n >= 2048;
+    match m {
+        1 if wide => 4,
+        1 => 0,
+        2 if wide => 5,
+        2 => 1,
+        3..=4 => 2,
+        _ => 3,
+    }
+}
+
+struct Kernels {
+    _modules: [Arc<CudaModule>; 2],
+    /// `[format][tile]`.
+    matmul: Vec<Vec<CudaFunction>>,
+    embed: CudaFunction,
+    rmsnorm: CudaFunction,
+    qkv_post: CudaFunction,
+    attention: CudaFunction,
+    silu_mul: CudaFunction,
+}
+
+impl Kernels {
+    fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
+        let mm = ctx.load_module(Ptx::from_binary(MATMUL_BIN.to_vec()))?;
+        let ops = ctx.load_module(Ptx::from_binary(OPS_BIN.to_vec()))?;
+        let mut matmul = Vec::new();
+        for (_, name) in FORMATS {
+            let mut per = Vec::new();
+            for (r, c) in TILES {
+                per.push(mm.load_function(&format!("mm_{name}_r{r}_c{c}"))?);
+            }
+            matmul.push(per);
+        }
+        Ok(Kernels {
+            matmul,
+            embed: ops.load_function("embed")?,
+            rmsnorm: ops.load_function("rmsnorm")?,
+            qkv_post: ops.load_function("qkv_post")?,
+            attention: ops.load_function("attention")?,
+            silu_mul: ops.load_function("silu_mul")?,
+            _modules: [mm, ops],
+        })
+    }
+}
+
+/// A weight matrix in device memory, bytes exactly as GGUF stores them.
+struct DevMatrix {
+    code: usize,
+    rows: usize,
+    cols: usize,
+    data: CudaSlice<u8>,
+}
+
+/// Several matrices over the same input whose outputs sit side by side in
+/// one buffer (q | k | v, gate | up). Matrices of one format are fused
+/// into a single one at upload; the split never changes an element's bits.
+struct Linear {
+    parts: Vec<(DevMatrix, usize)>,
+    width: usize,
+}
+
+struct DevBlock {
+    attn_norm: CudaSlice<f32>,
+    qkv: Linear,
+    q_bias: Option<CudaSlice<f32>>,
+    k_bias: Option<CudaSlice<f32>>,
+    v_bias: Option<CudaSlice<f32>>,
+    q_norm: Option<CudaSlice<f32>>,
+    k_norm: Option<CudaSlice<f32>>,
+    o: DevMatrix,
+    ffn_norm: CudaSlice<f32>,
+    gate_up: Linear,
+    down: DevMatrix,
+}
+
+/// Buffers reused across forwards, grown to the largest call seen.
+#[derive(Default)]
+struct Scratch {
+    rows: usize,
+    picked: usize,
+    meta: usize,
+    bufs: Option<Bufs>,
+    rope_len: usize,
+    rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+}
+
+struct Bufs {
+    x: CudaSlice<f32>,
+    xn: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    q: CudaSlice<f32>,
+    attn: CudaSlice<f32>,
+    gu: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    picked: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    meta: CudaSlice<u64>,
+}
+
+/// A decoder whose weights live on one GPU.
+pub struct CudaModel {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    k: Kernels,
+    config: ModelConfig,
+    embed: DevMatrix,
+    head: Option<DevMatrix>,
+    blocks: Vec<DevBlock>,
+    norm: CudaSlice<f32>,
+    weight_bytes: usize,
+    bytes_per_token: usize,
+    scratch: Mutex<Scratch>,
+}
+
+/// The raw bytes of a matrix as GGUF lays them out.
+fn matrix_bytes(m: &Matrix) -> Vec<u8> {
+    match m.storage() {
+        Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Ggml(b) => b.as_bytes().to_vec(),
+    }
+}
+
+fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    // Event tracking is off and one stream does all the work, so the guard
+    // has nothing to record.
+    s.device_ptr(stream).0
+}
+
+fn opt_ptr(s: &Option<CudaSlice<f32>>, stream: &CudaStream) -> u64 {
+    s.as_ref().map_or(0, |s| ptr(s, stream))
+}
+
+impl CudaModel {
+    /// Copies `model`'s weights to GPU `ordinal`.
+    pub fn upload(model: &Model, ordinal: usize) -> Result<CudaModel> {
+        let c = model.config.clone();
+        if c.head_dim > 256 || !c.head_dim.is_multiple_of(4) {
+            return Err(CudaError::Unsupported(format!(
+                "head_dim {} (at most 256, a multiple of 4)",
+                c.head_dim
+            )));
+        }
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| {
+            CudaError::Driver("the CUDA driver library could not be loaded".into())
+        })??;
+        // SAFETY: every launch and copy of this model goes to its one stream,
+        // in order, so no cross-stream events are needed.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let k = Kernels::load(&ctx)?;
+
+        let vec = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
+        let opt = |v: &Option<Vec<f32>>| -> Result<Option<CudaSlice<f32>>> {
+            v.as_deref().map(vec).transpose()
+        };
+        let mat = |m: &Matrix| -> Result<DevMatrix> {
+            let code = fmt_code(m.format())?;
+            if !m.cols().is_multiple_of(32) {
+                return Err(CudaError::Unsupported(format!(
+                    "{} inputs per row (a multiple of 32)",
+                    m.cols()
+                )));
+            }
+            Ok(DevMatrix {
+                code,
+                rows: m.rows(),
+                cols: m.cols(),
+                data: stream.clone_htod(&matrix_bytes(m))?,
+            })
+        };
+        let linear = |ms: &[&Matrix]| -> Result<Linear> {
+            let width = ms.iter().map(|m| m.rows()).sum();
+            let same = ms.windows(2).all(|w| w[0].format() == w[1].format());
+            if same {
+                let mut bytes = Vec::new();
+                for m in ms {
+                    bytes.extend_from_slice(&matrix_bytes(m));
+                }
+                let code = fmt_code(ms[0].format())?;
+                if !ms[0].cols().is_multiple_of(32) {
+                    return Err(CudaError::Unsupported(format!(
+                        "{} inputs per row (a multiple of 32)",
+                        ms[0].cols()
+                    )));
+                }
+                let fused = DevMatrix {
+                    code,
+                    rows: width,
+                    cols: ms[0].cols(),
+                    data: stream.clone_htod(&bytes)?,
+                };
+                return Ok(Linear {
+                    parts: vec![(fused, 0)],
+                    width,
+                });
+            }
+            let mut parts = Vec::new();
+            let mut off = 0;
+            for m in ms {
+                parts.push((mat(m)?, off));
+                off += m.rows();
+            }
+            Ok(Linear { parts, width })
+        };
+
+        let mut blocks = Vec::with_capacity(model.blocks.len());
+        for b in &model.blocks {
+            blocks.push(DevBlock {
+                attn_norm: vec(&b.attn_norm)?,
+                qkv: linear(&[&b.q, &b.k, &b.v])?,
+                q_bias: opt(&b.q_bias)?,
+                k_bias: opt(&b.k_bias)?,
+                v_bias: opt(&b.v_bias)?,
+                q_norm: opt(&b.q_norm)?,
+                k_norm: opt(&b.k_norm)?,
+                o: mat(&b.o)?,
+                ffn_norm: vec(&b.ffn_norm)?,
+                gate_up: linear(&[&b.gate, &b.up])?,
+                down: mat(&b.down)?,
+            });
+        }
+        let embed = mat(&model.embed)?;
+        let head = model.lm_head.as_ref().map(mat).transpose()?;
+        let norm = vec(&model.norm)?;
+        stream.synchronize()?;
+        Ok(CudaModel {
+            weight_bytes: model.weight_bytes(),
+            bytes_per_token: model.bytes_per_token(),
+            ctx,
+            stream,
+            k,
+            config: c,
+            embed,
+            head,
+            blocks,
+            norm,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device's name, as the driver reports it.
+    pub fn device_name(&self) -> Result<String> {
+        Ok(self.ctx.name()?)
+    }
+
+    /// Bytes the weights take (as on the host).
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Weight bytes read to decode one token.
+    pub fn bytes_per_token(&self) -> usize {
+        self.bytes_per_token
+    }
+
+    /// An empty cache for one sequence on this model's device.
+    pub fn new_cache(&self) -> CudaKv {
+        CudaKv {
+            stream: self.stream.clone(),
+            layers: self.config.layers,
+            width: self.config.kv_width(),
+            cap: 0,
+            len: 0,
+            kv: None,
+        }
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// Runs `tokens` at positions `cache.len()..`, appending their keys and
+    /// values to `cache`, and returns the requested logits row after row.
+    pub fn forward(&self, tokens: &[u32], cache: &mut CudaKv, want: Logits) -> Result<Vec<f32>> {
+        let mut seqs = [Seq {
+            tokens,
+            cache,
+            logits: want,
+        }];
+        Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
+    }
+
+    fn matmul(
+        &self,
+        w: &DevMatrix,
+        x: u64,
+        y: u64,
+        m: usize,
+        ldy: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let t = tile_for(m, w.rows);
+        let (r, c) = TILES[t];
+        let f = &self.k.matmul[w.code][t];
+        let cfg = LaunchConfig {
+            grid_dim: (
+                w.rows.div_ceil(MM_WARPS * c) as u32,
+                m.div_ceil(r) as u32,
+                1,
+            ),
+            block_dim: ((MM_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let wp = ptr(&w.data, &self.stream);
+        let (mi, n, k, ld, acc) = (
+            m as i32,
+            w.rows as i32,
+            w.cols as i32,
+            ldy as i32,
+            accumulate as i32,
+        );
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&wp)
+            .arg(&x)
+            .arg(&y)
+            .arg(&mi)
+            .arg(&n)
+            .arg(&k)
+            .arg(&ld)
+            .arg(&acc);
+        // SAFETY: the arguments match `mm_*` in matmul.cu; `w` holds
+        // `rows` rows of `cols` inputs, `x` holds `m * cols` floats and `y`
+        // at least `m * ldy` with `ldy >= rows`, all on this stream.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn linear(&self, l: &Linear, x: u64, y: u64, m: usize) -> Result<()> {
+        for (w, off) in &l.parts {
+            self.matmul(w, x, y + (*off * 4) as u64, m, l.width, false)?;
+        }
+        Ok(())
+    }
+
+    fn rmsnorm(&self, x: u64, idx: u64, w: u64, out: u64, rows: usize, h: usize) -> Result<()> {
+        let (hi, eps) = (h as i32, self.config.rms_eps);
+        let mut b = self.stream.launch_builder(&self.k.rmsnorm);
+        b.arg(&x).arg(&idx).arg(&w).arg(&out).arg(&hi).arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `rmsnorm` in ops.cu; `x` has `h` floats per row
+        // (and every `idx` entry is a row of it), `out` has `rows * h`.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn ensure_scratch(&self, s: &mut Scratch, m: usize, picked: usize, meta: usize) -> Result<()> {
+        if s.bufs.is_some() && m <= s.rows && picked <= s.picked && meta <= s.meta {
+            return Ok(());
+        }
+        let c = &self.config;
+        let (rows, pick, meta) = (m.max(s.rows), picked.max(s.picked).max(1), meta.max(s.meta));
+        let (h, qw, kvw, ff) = (
+            c.hidden_size,
+            c.q_width(),
+            c.kv_width(),
+            c.intermediate_size,
+        );
+        let st = &self.stream;
+        s.bufs = None;
+        s.bufs = Some(Bufs {
+            x: st.alloc_zeros(rows * h)?,
+            xn: st.alloc_zeros(rows * h)?,
+            qkv: st.alloc_zeros(rows * (qw + 2 * kvw))?,
+            q: st.alloc_zeros(rows * qw)?,
+            attn: st.alloc_zeros(rows * qw)?,
+            gu: st.alloc_zeros(rows * 2 * ff)?,
+            act: st.alloc_zeros(rows * ff)?,
+            picked: st.alloc_zeros(pick * h)?,
+            logits: st.alloc_zeros(pick * c.vocab_size)?,
+            meta: st.alloc_zeros(meta)?,
+        });
+        (s.rows, s.picked, s.meta) = (rows, pick, meta);
+        Ok(())
+    }
+
+    /// Cosine and sine tables for positions `0..len`, computed in f64 from
+    /// the position alone exactly as the CPU forward does.
+    fn ensure_rope(&self, s: &mut Scratch, need: usize) -> Result<()> {
+        if s.rope.is_some() && need <= s.rope_len {
+            return Ok(());
+        }
+        let c = &self.config;
+        let len = need.max(2 * s.rope_len).max(c.max_positions.min(1 << 15));
+        let half = c.head_dim / 2;
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(len * half),
+            Vec::with_capacity(len * half),
+        );
+        for pos in 0..len {
+            for i in 0..half {
+                let freq = c.rope_theta.powf(-((2 * i) as f64) / c.head_dim as f64);
+                let angle = pos as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        s.rope = Some((self.stream.clone_htod(&cos)?, self.stream.clone_htod(&sin)?));
+        s.rope_len = len;
+        Ok(())
+    }
+
+    /// Runs several sequences in one forward: their rows share every matmul
+    /// and each attends only to its own cache. Each sequence's logits are
+    /// bitwise those it would get alone, in any chunking. Returns each
+    /// sequence's requested logits rows, shaped like
+    /// [`Model::forward_batch`]'s.
+    pub fn forward_batch(&self, seqs: &mut [Seq<'_, CudaKv>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if m == 0 {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        let (h, ff, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let ns = seqs.len();
+        let mut max_pos = 0;
+        for s in seqs.iter_mut() {
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(CudaError::Invalid(format!(
+                    "token {t} outside the vocabulary of {vocab}"
+                )));
+            }
+            let need = s.cache.len + s.tokens.len();
+            s.cache.reserve(need)?;
+            max_pos = max_pos.max(need);
+        }
+
+        // One upload of everything the kernels index by row or sequence.
+        let mut meta: Vec<u64> = Vec::with_capacity(3 * m + 3 * ns + m);
+        for s in seqs.iter() {
+            meta.extend(s.tokens.iter().map(|&t| t as u64));
+        }
+        for s in seqs.iter() {
+            meta.extend((s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u64));
+        }
+        for (i, s) in seqs.iter().enumerate() {
+            meta.extend(std::iter::repeat_n(i as u64, s.tokens.len()));
+        }
+        let mut counts = Vec::with_capacity(ns);
+        let mut row = 0;
+        let mut picks = Vec::new();
+        for s in seqs.iter() {
+            let want = s.logits.rows(s.tokens.len());
+            counts.push(want.len());
+            picks.extend(want.map(|r| (row + r) as u64));
+            row += s.tokens.len();
+        }
+        for s in seqs.iter() {
+            meta.push(s.cache.ptrs().0);
+        }
+        for s in seqs.iter() {
+            meta.push(s.cache.ptrs().1);
+        }
+        for s in seqs.iter() {
+            meta.push(s.cache.cap as u64);
+        }
+        let n = picks.len();
+        meta.extend(picks);
+
+        let mut guard = self.scratch.lock().expect("scratch lock");
+        let sc = &mut *guard;
+        self.ensure_scratch(sc, m, n, meta.len())?;
+        self.ensure_rope(sc, max_pos)?;
+        let st = &self.stream;
+        let bufs = sc.bufs.as_mut().expect("scratch");
+        st.memcpy_htod(&meta, &mut bufs.meta)?;
+        let (cos, sin) = sc.rope.as_ref().expect("rope");
+        let (cos, sin) = (ptr(cos, st), ptr(sin, st));
+        let bufs = sc.bufs.as_ref().expect("scratch");
+        let mp = ptr(&bufs.meta, st);
+        let (tokens_p, pos_p, seq_p) = (mp, mp + 8 * m as u64, mp + 16 * m as u64);
+        let kb_p = mp + 24 * m as u64;
+        let (vb_p, cap_p) = (kb_p + 8 * ns as u64, kb_p + 16 * ns as u64);
+        let pick_p = kb_p + 24 * ns as u64;
+        let (x, xn, qkv, q, attn, gu, act) = (
+            ptr(&bufs.x, st),
+            ptr(&bufs.xn, st),
+            ptr(&bufs.qkv, st),
+            ptr(&bufs.q, st),
+            ptr(&bufs.attn, st),
+            ptr(&bufs.gu, st),
+            ptr(&bufs.act, st),
+        );
+
+        {
+            let (code, wp, hk) = (self.embed.code as i32, ptr(&self.embed.data, st), h as i32);
+            let mut b = st.launch_builder(&self.k.embed);
+            b.arg(&code).arg(&wp).arg(&tokens_p).arg(&x).arg(&hk);
+            let cfg = LaunchConfig {
+                grid_dim: (m as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: matches `embed` in ops.cu; tokens were checked against
+            // the vocabulary, `x` holds `m * h` floats.
+            unsafe { b.launch(cfg) }?;
+        }
+
+        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
+        let eps = c.rms_eps;
+        let interleaved = (c.rope_style == RopeStyle::Interleaved) as i32;
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        for (l, b) in self.blocks.iter().enumerate() {
+            let layer = l as i32;
+            self.rmsnorm(x, 0, ptr(&b.attn_norm, st), xn, m, h)?;
+            self.linear(&b.qkv, xn, qkv, m)?;
+            {
+                let (qb, kb, vb) = (
+                    opt_ptr(&b.q_bias, st),
+                    opt_ptr(&b.k_bias, st),
+                    opt_ptr(&b.v_bias, st),
+                );
+                let (qn, kn) = (opt_ptr(&b.q_norm, st), opt_ptr(&b.k_norm, st));
+                let mut lb = st.launch_builder(&self.k.qkv_post);
+                lb.arg(&qkv)
+                    .arg(&heads)
+                    .arg(&kv_heads)
+                    .arg(&hd)
+                    .arg(&qb)
+                    .arg(&kb)
+                    .arg(&vb)
+                    .arg(&qn)
+                    .arg(&kn)
+                    .arg(&eps)
+                    .arg(&cos)
+                    .arg(&sin)
+                    .arg(&interleaved)
+                    .arg(&pos_p)
+                    .arg(&seq_p)
+                    .arg(&kb_p)
+                    .arg(&vb_p)
+                    .arg(&cap_p)
+                    .arg(&layer)
+                    .arg(&q);
+                let cfg = LaunchConfig {
+                    grid_dim: (m as u32, (c.heads + 2 * c.kv_heads) as u32, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: matches `qkv_post` in ops.cu; every row's position
+                // is below its cache's capacity (reserved above) and the
+                // rope tables cover it.
+                unsafe { lb.launch(cfg) }?;
+            }
+            {
+                let mut lb = st.launch_builder(&self.k.attention);
+                lb.arg(&q)
+                    .arg(&heads)
+                    .arg(&kv_heads)
+                    .arg(&hd)
+                    .arg(&scale)
+                    .arg(&pos_p)
+                    .arg(&seq_p)
+                    .arg(&kb_p)
+                    .arg(&vb_p)
+                    .arg(&cap_p)
+                    .arg(&layer)
+                    .arg(&attn);
+                let cfg = LaunchConfig {
+                    grid_dim: (m as u32, c.heads as u32, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: matches `attention` in ops.cu; keys 0..=pos of each
+                // row were written by this or an earlier forward.
+                unsafe { lb.launch(cfg) }?;
+            }
+            self.matmul(&b.o, attn, x, m, h, true)?;
+            self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, m, h)?;
+            self.linear(&b.gate_up, xn, gu, m)?;
+            {
+                let (mi, fi) = (m as i32, ff as i32);
+                let mut lb = st.launch_builder(&self.k.silu_mul);
+                lb.arg(&gu).arg(&act).arg(&mi).arg(&fi);
+                let cfg = LaunchConfig {
+                    grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`.
+                unsafe { lb.launch(cfg) }?;
+            }
+            self.matmul(&b.down, act, x, m, h, true)?;
+        }
+
+        let mut out = Vec::with_capacity(ns);
+        if n > 0 {
+            let picked = ptr(&bufs.picked, st);
+            let logits = ptr(&bufs.logits, st);
+            self.rmsnorm(x, pick_p, ptr(&self.norm, st), picked, n, h)?;
+            let head = self.head.as_ref().unwrap_or(&self.embed);
+            self.matmul(head, picked, logits, n, vocab, false)?;
+            let mut host = vec![0f32; n * vocab];
+            st.memcpy_dtoh(&bufs.logits.slice(..n * vocab), &mut host)?;
+            let mut rest = host.as_slice();
+            for k in &counts {
+                let (mine, tail) = rest.split_at(k * vocab);
+                out.push(mine.to_vec());
+                rest = tail;
+            }
+        } else {
+            st.synchronize()?;
+            out.resize(ns, Vec::new());
+        }
+        drop(guard);
+        for s in seqs.iter_mut() {
+            s.cache.len += s.tokens.len();
+        }
+        Ok(out)
+    }
+}
+
+/// One sequence's keys and values on the device (f32, as the forward made
+/// them). Layer `l`'s keys for position `p` sit at `(l * cap + p) * width`;
+/// growing copies what is held into a larger allocation. Truncation only
+/// shortens the length, so a rolled-back cache is bitwise the cache that
+/// never saw the dropped positions.
+pub struct CudaKv {
+    stream: Arc<CudaStream>,
+    layers: usize,
+    width: usize,
+    cap: usize,
+    len: usize,
+    kv: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+}
+
+impl CudaKv {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Positions that fit before the next growth.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Drops every position from `len` on.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Bytes held by stored positions (keys and values, all layers).
+    pub fn bytes(&self) -> usize {
+        self.len * self.layers * self.width * 2 * 4
+    }
+
+    /// Bytes allocated on the device.
+    pub fn allocated_bytes(&self) -> usize {
+        self.cap * self.layers * self.width * 2 * 4
+    }
+
+    fn ptrs(&self) -> (u64, u64) {
+        match &self.kv {
+            Some((k, v)) => (ptr(k, &self.stream), ptr(v, &self.stream)),
+            None => (0, 0),
+        }
+    }
+
+    /// Makes room for `need` positions.
+    fn reserve(&mut self, need: usize) -> Result<()> {
+        if need <= self.cap {
+            return Ok(());
+        }
+        let cap = need.max(2 * self.cap).next_multiple_of(256);
+        let (w, st) = (self.width, &self.stream);
+        let mut k = st.alloc_zeros::<f32>(self.layers * cap * w)?;
+        let mut v = st.alloc_zeros::<f32>(self.layers * cap * w)?;
+        if let Some((ok, ov)) = &self.kv {
+            let held = self.len * w;
+            for l in 0..self.layers {
+                let (from, to) = (l * self.cap * w, l * cap * w);
+                st.memcpy_dtod(
+                    &ok.slice(from..from + held),
+                    &mut k.slice_mut(to..to + held),
+                )?;
+                st.memcpy_dtod(
+                    &ov.slice(from..from + held),
+                    &mut v.slice_mut(to..to + held),
+                )?;
+            }
+        }
+        self.kv = Some((k, v));
+        self.cap = cap;
+        Ok(())
+    }
+}
+
+/// Device-to-device copy bandwidth of GPU `ordinal` in bytes per second,
+/// counting bytes read and written, over copies of `bytes` bytes.
+pub fn measure_copy_bandwidth(ordinal: usize, bytes: usize) -> Result<f64> {
+    let ctx = CudaContext::new(ordinal)?;
+    let st = ctx.default_stream();
+    let a = st.alloc_zeros::<u8>(bytes)?;
+    let mut b = st.alloc_zeros::<u8>(bytes)?;
+    st.memcpy_dtod(&a, &mut b)?;
+    st.synchronize()?;
+    let reps = 10;
+    let t = std::time::Instant::now();
+    for _ in 0..reps {
+        st.memcpy_dtod(&a, &mut b)?;
+    }
+    st.synchronize()?;
+    Ok((2 * bytes * reps) as f64 / t.elapsed().as_secs_f64())
+}

@@ -1,0 +1,259 @@
+//! GPU forward tests: bitwise invariance to chunking, batch composition and
+//! rollback for random models in every supported format, and closeness to
+//! the CPU forward. They need a CUDA device; without one they pass vacuously
+//! (printing why), so a GPU-less CI stays green.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+use tensorfold_cuda::{CudaKv, CudaModel};
+use tensorfold_models::synth::{write_gguf, write_hf, SynthSpec};
+use tensorfold_models::{Arch, Format, Logits, Model, Seq};
+
+fn gpu() -> bool {
+    let ok = tensorfold_cuda::available();
+    if !ok {
+        eprintln!("no CUDA device: skipped");
+    }
+    ok
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tf-cuda-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Every format the kernels run, each in the family it is tested with, and
+/// whether it goes through the Hugging Face layout.
+fn cases() -> Vec<(Arch, Format, bool)> {
+    vec![
+        (Arch::Llama, Format::F32, false),
+        (Arch::Qwen2, Format::F16, false),
+        (Arch::Qwen3, Format::Bf16, false),
+        (Arch::Llama, Format::Q4_0, false),
+        (Arch::Qwen2, Format::Q4_1, false),
+        (Arch::Qwen3, Format::Q5_0, false),
+        (Arch::Llama, Format::Q8_0, false),
+        (Arch::Qwen2, Format::Q4K, false),
+        (Arch::Llama, Format::Q6K, false),
+        (Arch::Qwen3, Format::Q4K, false),
+        (Arch::Llama, Format::Bf16, true),
+        (Arch::Qwen2, Format::F32, true),
+    ]
+}
+
+fn load(arch: Arch, format: Format, hf: bool, seed: u64) -> Model {
+    let spec = SynthSpec::tiny(arch, format, seed);
+    let name = format!("{}-{}-{}", arch.name(), format.name(), hf);
+    let path = if hf {
+        let d = tmp(&name);
+        write_hf(&d, &spec).unwrap();
+        d
+    } else {
+        let p = tmp(&name).join("m.gguf");
+        write_gguf(&p, &spec).unwrap();
+        p
+    };
+    tensorfold_models::load(&path).unwrap().model
+}
+
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 256) as u32
+        })
+        .collect()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Logits of every position, one token per forward: the reference.
+fn serial(g: &CudaModel, toks: &[u32]) -> Vec<Vec<f32>> {
+    let mut kv = g.new_cache();
+    toks.iter()
+        .map(|t| g.forward(&[*t], &mut kv, Logits::Last).unwrap())
+        .collect()
+}
+
+/// Logits of every position, in chunks of the given sizes (cycled).
+fn chunked(g: &CudaModel, kv: &mut CudaKv, toks: &[u32], sizes: &[usize]) -> Vec<Vec<f32>> {
+    let vocab = g.config().vocab_size;
+    let mut out = Vec::new();
+    let (mut at, mut i) = (kv.len(), 0);
+    while at < toks.len() {
+        let n = sizes[i % sizes.len()].min(toks.len() - at);
+        let l = g.forward(&toks[at..at + n], kv, Logits::All).unwrap();
+        out.extend(l.chunks_exact(vocab).map(|r| r.to_vec()));
+        at += n;
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn logits_do_not_depend_on_chunking_batching_or_rollback() {
+    if !gpu() {
+        return;
+    }
+    for (ci, (arch, format, hf)) in cases().into_iter().enumerate() {
+        let model = load(arch, format, hf, 11 + ci as u64);
+        let g = CudaModel::upload(&model, 0).unwrap();
+        let what = format!("{} {} hf={hf}", arch.name(), format.name());
+        let toks = tokens(300, ci as u64);
+        let reference = serial(&g, &toks);
+        for sizes in [&[256usize][..], &[9], &[1, 2, 3, 4, 5, 7, 64], &[100, 33]] {
+            let mut kv = g.new_cache();
+            let got = chunked(&g, &mut kv, &toks, sizes);
+            assert_eq!(got.len(), reference.len());
+            for (p, (a, b)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(bits(a), bits(b), "{what}: chunks {sizes:?}, position {p}");
+            }
+        }
+
+        // Rollback: drop 40 positions, refill in another chunking.
+        let mut kv = g.new_cache();
+        chunked(&g, &mut kv, &toks, &[256]);
+        kv.truncate(260);
+        let again = chunked(&g, &mut kv, &toks, &[9]);
+        for (p, a) in again.iter().enumerate() {
+            assert_eq!(bits(a), bits(&reference[260 + p]), "{what}: after rollback");
+        }
+
+        // Several sequences in one call, each with its own prompt, length
+        // and logits choice, against each alone.
+        let prompts: Vec<Vec<u32>> = (0..4)
+            .map(|i| tokens(40 + 37 * i, 100 + i as u64))
+            .collect();
+        let alone: Vec<Vec<Vec<f32>>> = prompts.iter().map(|p| serial(&g, p)).collect();
+        let mut caches: Vec<CudaKv> = prompts.iter().map(|_| g.new_cache()).collect();
+        let mut done = vec![0usize; prompts.len()];
+        let steps = [5usize, 1, 17, 3, 64];
+        let mut round = 0;
+        while done.iter().zip(&prompts).any(|(d, p)| *d < p.len()) {
+            let mut seqs: Vec<Seq<'_, CudaKv>> = Vec::new();
+            let mut which = Vec::new();
+            for (i, kv) in caches.iter_mut().enumerate() {
+                let n = steps[(i + round) % steps.len()].min(prompts[i].len() - done[i]);
+                let want = if (i + round) % 3 == 0 {
+                    Logits::Last
+                } else {
+                    Logits::All
+                };
+                which.push((i, done[i], n, want));
+                seqs.push(Seq {
+                    tokens: &prompts[i][done[i]..done[i] + n],
+                    cache: kv,
+                    logits: want,
+                });
+            }
+            let out = g.forward_batch(&mut seqs).unwrap();
+            for ((i, start, n, want), l) in which.into_iter().zip(out) {
+                let vocab = g.config().vocab_size;
+                let rows: Vec<usize> = want.rows(n).collect();
+                assert_eq!(l.len(), rows.len() * vocab);
+                for (r, row) in rows.iter().zip(l.chunks_exact(vocab)) {
+                    assert_eq!(
+                        bits(row),
+                        bits(&alone[i][start + r]),
+                        "{what}: sequence {i} at {} in a batch",
+                        start + r
+                    );
+                }
+                done[i] += n;
+            }
+            round += 1;
+        }
+        eprintln!("{what}: invariant");
+    }
+}
+
+#[test]
+fn gpu_logits_are_close_to_cpu_and_greedy_tokens_agree() {
+    if !gpu() {
+        return;
+    }
+    for (ci, (arch, format, hf)) in cases().into_iter().enumerate() {
+        let model = load(arch, format, hf, 50 + ci as u64);
+        let g = CudaModel::upload(&model, 0).unwrap();
+        let what = format!("{} {} hf={hf}", arch.name(), format.name());
+        let prompt = tokens(70, 7 + ci as u64);
+        let mut cpu_kv = tensorfold_kv::KvCache::new(model.config.kv_shape());
+        let mut gpu_kv = g.new_cache();
+        let mut c = model.forward(&prompt, &mut cpu_kv, Logits::Last);
+        let mut d = g.forward(&prompt, &mut gpu_kv, Logits::Last).unwrap();
+        let argmax = |v: &[f32]| {
+            v.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0 as u32
+        };
+        for step in 0..6 {
+            let scale = c.iter().fold(0f32, |m, x| m.max(x.abs())).max(1.0);
+            let diff = c
+                .iter()
+                .zip(&d)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(diff <= 2e-3 * scale, "{what}: step {step}: max diff {diff}");
+            let (tc, td) = (argmax(&c), argmax(&d));
+            // A near tie may break either way; otherwise they must agree.
+            let mut sorted = c.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            if sorted[0] - sorted[1] > 10.0 * diff {
+                assert_eq!(tc, td, "{what}: greedy token {step}");
+            }
+            c = model.forward(&[tc], &mut cpu_kv, Logits::Last);
+            d = g.forward(&[tc], &mut gpu_kv, Logits::Last).unwrap();
+        }
+        eprintln!("{what}: close to CPU");
+    }
+}
+
+/// The real SmolLM2 answers "Paris" on the GPU, when its file is present
+/// (`TENSORFOLD_MODELS`, or `TF_SMOLLM2` naming the file).
+#[test]
+fn smollm2_answers_paris_on_gpu() {
+    if !gpu() {
+        return;
+    }
+    let path = std::env::var_os("TF_SMOLLM2")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("TENSORFOLD_MODELS")
+                .map(|d| PathBuf::from(d).join("smollm2-135m-instruct-q4_1.gguf"))
+        });
+    let Some(path) = path.filter(|p| p.exists()) else {
+        eprintln!("SmolLM2 not present: skipped");
+        return;
+    };
+    let bundle = tensorfold_models::load(&path).unwrap();
+    let g = CudaModel::upload(&bundle.model, 0).unwrap();
+    let prompt =
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+    let ids = bundle.tokenizer.encode(prompt, false).unwrap();
+    let mut kv = g.new_cache();
+    let mut logits = g.forward(ids.get_ids(), &mut kv, Logits::Last).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..24 {
+        let t = logits
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0 as u32;
+        if bundle.eos_ids.contains(&t) {
+            break;
+        }
+        out.push(t);
+        logits = g.forward(&[t], &mut kv, Logits::Last).unwrap();
+    }
+    let text = bundle.tokenizer.decode(&out, true).unwrap();
+    eprintln!("SmolLM2 on GPU: {text:?}");
+    assert!(text.contains("Paris"), "{text}");
+}

@@ -1,0 +1,212 @@
+// Shared pieces of the row-invariant CUDA kernels: weight formats and their
+// decoders.
+//
+// Every weight row is read in "units" of 32 consecutive input elements (one
+// GGUF block for the 32-element formats, one 32-element sub-block of a
+// k-quant super-block, 32 values for float formats). A unit is decoded in
+// four pieces of 8 with `get8`. Decoding is a function of the weight bytes
+// only and uses explicitly rounded operations (`__fmul_rn`, ...) so that no
+// instantiation can contract it differently.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+// Format codes, mirrored in src/device.rs (`fmt_code`).
+#define TF_F32 0
+#define TF_F16 1
+#define TF_BF16 2
+#define TF_Q4_0 3
+#define TF_Q4_1 4
+#define TF_Q5_0 5
+#define TF_Q8_0 6
+#define TF_Q4K 7
+#define TF_Q6K 8
+
+__device__ __forceinline__ float tf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ uint16_t tf_ld16(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+}
+__device__ __forceinline__ uint32_t tf_ld32(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+// Eight bytes from a 2-byte aligned address.
+__device__ __forceinline__ void tf_ld8_a2(const uint8_t* p, uint8_t b[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint16_t v = tf_ld16(p + 2 * i);
+        b[2 * i] = v & 0xFF;
+        b[2 * i + 1] = v >> 8;
+    }
+}
+// Eight bytes from a 4-byte aligned address.
+__device__ __forceinline__ void tf_ld8_a4(const uint8_t* p, uint8_t b[8]) {
+    uint32_t lo = tf_ld32(p), hi = tf_ld32(p + 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        b[i] = (lo >> (8 * i)) & 0xFF;
+        b[4 + i] = (hi >> (8 * i)) & 0xFF;
+    }
+}
+// Eight bytes from an 8-byte aligned address.
+__device__ __forceinline__ void tf_ld8_a8(const uint8_t* p, uint8_t b[8]) {
+    uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        b[i] = (v.x >> (8 * i)) & 0xFF;
+        b[4 + i] = (v.y >> (8 * i)) & 0xFF;
+    }
+}
+
+// What one lane keeps about one unit of one weight row.
+struct TfUnit {
+    const uint8_t* p;  // start of the unit's quant bytes (or values)
+    float a, b, c;     // scales (meaning per format)
+    uint32_t h;        // high bits (Q5_0), shifts (k-quants)
+};
+
+// Bytes one row of `k` inputs takes.
+__host__ __device__ inline size_t tf_row_bytes(int fmt, int k) {
+    switch (fmt) {
+        case TF_F32: return (size_t)k * 4;
+        case TF_F16:
+        case TF_BF16: return (size_t)k * 2;
+        case TF_Q4_0: return (size_t)(k / 32) * 18;
+        case TF_Q4_1: return (size_t)(k / 32) * 20;
+        case TF_Q5_0: return (size_t)(k / 32) * 22;
+        case TF_Q8_0: return (size_t)(k / 32) * 34;
+        case TF_Q4K: return (size_t)(k / 256) * 144;
+        case TF_Q6K: return (size_t)(k / 256) * 210;
+    }
+    return 0;
+}
+
+template <int FMT>
+__device__ __forceinline__ TfUnit tf_prep(const uint8_t* row, int u) {
+    TfUnit t;
+    t.a = t.b = t.c = 0.f;
+    t.h = 0;
+    if (FMT == TF_F32) {
+        t.p = row + (size_t)u * 128;
+    } else if (FMT == TF_F16 || FMT == TF_BF16) {
+        t.p = row + (size_t)u * 64;
+    } else if (FMT == TF_Q4_0) {
+        const uint8_t* q = row + (size_t)u * 18;
+        t.a = tf_h2f(tf_ld16(q));
+        t.p = q + 2;
+    } else if (FMT == TF_Q4_1) {
+        const uint8_t* q = row + (size_t)u * 20;
+        uint32_t dm = tf_ld32(q);
+        t.a = tf_h2f(dm & 0xFFFF);
+        t.b = tf_h2f(dm >> 16);
+        t.p = q + 4;
+    } else if (FMT == TF_Q5_0) {
+        const uint8_t* q = row + (size_t)u * 22;
+        t.a = tf_h2f(tf_ld16(q));
+        t.h = (uint32_t)tf_ld16(q + 2) | ((uint32_t)tf_ld16(q + 4) << 16);
+        t.p = q + 6;
+    } else if (FMT == TF_Q8_0) {
+        const uint8_t* q = row + (size_t)u * 34;
+        t.a = tf_h2f(tf_ld16(q));
+        t.p = q + 2;
+    } else if (FMT == TF_Q4K) {
+        const uint8_t* sb = row + (size_t)(u >> 3) * 144;
+        int j = u & 7;
+        uint32_t dm = tf_ld32(sb);
+        float d = tf_h2f(dm & 0xFFFF), dmin = tf_h2f(dm >> 16);
+        const uint8_t* s = sb + 4;
+        int sc, m;
+        // get_scale_min_k4 of GGML.
+        if (j < 4) {
+            sc = s[j] & 63;
+            m = s[j + 4] & 63;
+        } else {
+            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+            m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        }
+        t.a = __fmul_rn(d, (float)sc);
+        t.b = __fmul_rn(dmin, (float)m);
+        t.p = sb + 16 + 32 * (j >> 1);
+        t.h = 4 * (j & 1);
+    } else if (FMT == TF_Q6K) {
+        const uint8_t* sb = row + (size_t)(u >> 3) * 210;
+        int t8 = u & 7, n = t8 >> 2, quad = t8 & 3;
+        float d = tf_h2f(tf_ld16(sb + 208));
+        const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192) + 8 * n;
+        t.a = __fmul_rn(d, (float)sc[2 * quad]);
+        t.b = __fmul_rn(d, (float)sc[2 * quad + 1]);
+        t.p = sb + 64 * n + 32 * (quad & 1);  // ql
+        // qh sits at 128 + 32n; keep its offset from p in c's bits.
+        t.c = __int_as_float(128 + 32 * n - (64 * n + 32 * (quad & 1)));
+        t.h = (uint32_t)((4 * (quad >> 1)) | ((2 * quad) << 8));
+    }
+    return t;
+}
+
+// Decodes elements 8s..8s+7 of the unit into w.
+template <int FMT>
+__device__ __forceinline__ void tf_get8(const TfUnit& t, int s, float w[8]) {
+    if (FMT == TF_F32) {
+        const float4* p = reinterpret_cast<const float4*>(t.p) + 2 * s;
+        float4 a = __ldg(p), b = __ldg(p + 1);
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+        w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if (FMT == TF_F16 || FMT == TF_BF16) {
+        uint4 v = __ldg(reinterpret_cast<const uint4*>(t.p) + s);
+        uint32_t r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (FMT == TF_F16) {
+                w[2 * i] = tf_h2f(r[i] & 0xFFFF);
+                w[2 * i + 1] = tf_h2f(r[i] >> 16);
+            } else {
+                w[2 * i] = __uint_as_float(r[i] << 16);
+                w[2 * i + 1] = __uint_as_float(r[i] & 0xFFFF0000u);
+            }
+        }
+    } else if (FMT == TF_Q4_0) {
+        uint8_t b[8];
+        tf_ld8_a2(t.p + 8 * (s & 1), b);
+        int sh = 4 * (s >> 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)((int)((b[i] >> sh) & 0xF) - 8), t.a);
+    } else if (FMT == TF_Q4_1) {
+        uint8_t b[8];
+        tf_ld8_a4(t.p + 8 * (s & 1), b);
+        int sh = 4 * (s >> 1);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn((float)((b[i] >> sh) & 0xF), t.a), t.b);
+    } else if (FMT == TF_Q5_0) {
+        uint8_t b[8];
+        tf_ld8_a2(t.p + 8 * (s & 1), b);
+        int hi = s >> 1;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int j = 8 * (s & 1) + i;  // index into qs
+            uint32_t q = hi ? ((b[i] >> 4) | ((t.h >> (j + 12)) & 0x10))
+                            : ((b[i] & 0xF) | (((t.h >> j) << 4) & 0x10));
+            w[i] = __fmul_rn((float)((int)q - 16), t.a);
+        }
+    } else if (FMT == TF_Q8_0) {
+        uint8_t b[8];
+        tf_ld8_a2(t.p + 8 * s, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)(int8_t)b[i], t.a);
+    } else if (FMT == TF_Q4K) {
+        uint8_t b[8];
+        tf_ld8_a8(t.p + 8 * s, b);
+#pragma unroll
+        for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(t.a, (float)((b[i] >> t.h) & 0xF)), t.b);
+    } else if (FMT == TF_Q6K) {
+        uint8_t l[8], h[8];
+        tf_ld8_a2(t.p + 8 * s, l);
+        tf_ld8_a2(t.p + __float_as_int(t.c) + 8 * s, h);
+        int shl = t.h & 0xFF, shh = t.h >> 8;
+        float a = s < 2 ? t.a : t.b;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int q = (int)(((l[i] >> shl) & 0xF) | (((h[i] >> shh) & 3) << 4)) - 32;
+            w[i] = __fmul_rn(a, (float)q);
+        }
+    }
+}

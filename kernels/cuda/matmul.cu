@@ -1,0 +1,115 @@
+// Row-invariant matrix product: y[i, off + j] (+)= sum_k x[i, k] * W[j, k].
+//
+// The order of every output element's reduction is fixed by K alone:
+// lane l of a warp takes units u = l, l + 32, l + 64, ... (32 inputs each),
+// accumulates their products with one fused multiply-add per input in
+// element order, and the 32 lane sums are combined by a fixed xor tree.
+// R (rows per warp) and C (columns per warp) only decide which
+// accumulators share a warp: they change speed, never bits. So a row's
+// outputs are the same whether it is decoded alone or inside a 256-row
+// prefill chunk, and the host may choose R and C from the call's shape.
+#include "common.cuh"
+
+#define TF_WARPS 4
+
+template <int FMT, int R, int C>
+__device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                          float* __restrict__ y, int M, int N, int K, int ldy,
+                                          int accumulate) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.x * TF_WARPS + warp) * C;
+    if (j0 >= N) return;
+    const int i0 = blockIdx.y * R;
+    const size_t rb = tf_row_bytes(FMT, K);
+    const float* xr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) xr[r] = x + (size_t)min(i0 + r, M - 1) * K;
+    const uint8_t* wr[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) wr[c] = W + (size_t)min(j0 + c, N - 1) * rb;
+
+    float acc[R][C];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) acc[r][c] = 0.f;
+
+    const int units = K >> 5;
+    // Unrolled so several units' loads are in flight; each accumulator still
+    // takes its units in increasing order.
+#pragma unroll 4
+    for (int u = lane; u < units; u += 32) {
+        TfUnit t[C];
+#pragma unroll
+        for (int c = 0; c < C; c++) t[c] = tf_prep<FMT>(wr[c], u);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            float xv[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float4* p = reinterpret_cast<const float4*>(xr[r] + 32 * u + 8 * s);
+                float4 a = p[0], b = p[1];
+                xv[r][0] = a.x; xv[r][1] = a.y; xv[r][2] = a.z; xv[r][3] = a.w;
+                xv[r][4] = b.x; xv[r][5] = b.y; xv[r][6] = b.z; xv[r][7] = b.w;
+            }
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                float w[8];
+                tf_get8<FMT>(t[c], s, w);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][c] = __fmaf_rn(w[e], xv[r][e], acc[r][c]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            float v = acc[r][c];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+            acc[r][c] = v;
+        }
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int i = i0 + r;
+            if (i >= M) break;
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                int j = j0 + c;
+                if (j < N) {
+                    float* o = y + (size_t)i * ldy + j;
+                    *o = accumulate ? __fadd_rn(*o, acc[r][c]) : acc[r][c];
+                }
+            }
+        }
+    }
+}
+
+#define TF_MM(NAME, FMT, R, C)                                                                  \
+    extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)                                 \
+        NAME##_r##R##_c##C(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
+                           int ldy, int accumulate) {                                           \
+        tf_matmul<FMT, R, C>(W, x, y, M, N, K, ldy, accumulate);                                \
+    }
+
+#define TF_MM_ALL(NAME, FMT) \
+    TF_MM(NAME, FMT, 1, 1)   \
+    TF_MM(NAME, FMT, 2, 2)   \
+    TF_MM(NAME, FMT, 4, 2)   \
+    TF_MM(NAME, FMT, 8, 4)   \
+    TF_MM(NAME, FMT, 1, 4)   \
+    TF_MM(NAME, FMT, 2, 4)
+
+TF_MM_ALL(mm_f32, TF_F32)
+TF_MM_ALL(mm_f16, TF_F16)
+TF_MM_ALL(mm_bf16, TF_BF16)
+TF_MM_ALL(mm_q4_0, TF_Q4_0)
+TF_MM_ALL(mm_q4_1, TF_Q4_1)
+TF_MM_ALL(mm_q5_0, TF_Q5_0)
+TF_MM_ALL(mm_q8_0, TF_Q8_0)
+TF_MM_ALL(mm_q4k, TF_Q4K)
+TF_MM_ALL(mm_q6k, TF_Q6K)

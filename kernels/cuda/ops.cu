@@ -1,0 +1,234 @@
+// The row-local steps of the decoder forward. Each kernel computes a row
+// (or a (row, head)) from that row's data alone, with reductions in an
+// order fixed by the model's shape, so nothing depends on the batch.
+#include "common.cuh"
+
+#define TF_NORM_THREADS 256
+
+// Fixed-order sum over a block of TF_NORM_THREADS threads.
+__device__ __forceinline__ float tf_block_sum(float v, float* sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = TF_NORM_THREADS / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] = __fadd_rn(sh[threadIdx.x], sh[threadIdx.x + o]);
+        __syncthreads();
+    }
+    float s = sh[0];
+    __syncthreads();
+    return s;
+}
+
+__device__ __forceinline__ float tf_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float tf_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// One row of the embedding table per block: out[r] = decode(W[tokens[r]]).
+template <int FMT>
+__device__ void tf_embed(const uint8_t* W, const long long* tokens, float* out, int K) {
+    const int r = blockIdx.x;
+    const uint8_t* row = W + (size_t)tokens[r] * tf_row_bytes(FMT, K);
+    float* o = out + (size_t)r * K;
+    for (int u = threadIdx.x; u < (K >> 5); u += blockDim.x) {
+        TfUnit t = tf_prep<FMT>(row, u);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            float w[8];
+            tf_get8<FMT>(t, s, w);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[32 * u + 8 * s + e] = w[e];
+        }
+    }
+}
+
+extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tokens, float* out, int K) {
+    switch (fmt) {
+        case TF_F32: tf_embed<TF_F32>(W, tokens, out, K); break;
+        case TF_F16: tf_embed<TF_F16>(W, tokens, out, K); break;
+        case TF_BF16: tf_embed<TF_BF16>(W, tokens, out, K); break;
+        case TF_Q4_0: tf_embed<TF_Q4_0>(W, tokens, out, K); break;
+        case TF_Q4_1: tf_embed<TF_Q4_1>(W, tokens, out, K); break;
+        case TF_Q5_0: tf_embed<TF_Q5_0>(W, tokens, out, K); break;
+        case TF_Q8_0: tf_embed<TF_Q8_0>(W, tokens, out, K); break;
+        case TF_Q4K: tf_embed<TF_Q4K>(W, tokens, out, K); break;
+        case TF_Q6K: tf_embed<TF_Q6K>(W, tokens, out, K); break;
+    }
+}
+
+// out[r] = rmsnorm(x[src]) * w, src = idx ? idx[r] : r. One block per row;
+// each thread sums squares over a fixed stride, then a fixed tree.
+extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
+    rmsnorm(const float* x, const long long* idx, const float* w, float* out, int H, float eps) {
+    __shared__ float sh[TF_NORM_THREADS];
+    const int r = blockIdx.x;
+    const float* xr = x + (size_t)(idx ? idx[r] : r) * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) ss = __fmaf_rn(xr[i], xr[i], ss);
+    ss = tf_block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)H, eps));
+    float* o = out + (size_t)r * H;
+    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+// After the fused q|k|v product: bias, per-head norm (qwen3), rotary
+// embedding from the row's absolute position, then q to `q_out` and k, v
+// into the row's sequence cache. Grid (rows, heads + 2 * kv_heads), one
+// warp per head vector.
+extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, int hd,
+                                    const float* q_bias, const float* k_bias, const float* v_bias,
+                                    const float* q_norm, const float* k_norm, float eps,
+                                    const float* cos_t, const float* sin_t, int interleaved,
+                                    const long long* row_pos, const long long* row_seq,
+                                    const unsigned long long* k_base, const unsigned long long* v_base,
+                                    const long long* cap, int layer, float* q_out) {
+    __shared__ float v[512];
+    const int r = blockIdx.x, hv = blockIdx.y, lane = threadIdx.x;
+    const int qw = heads * hd, kvw = kv_heads * hd, width = qw + 2 * kvw;
+    const float* src = qkv + (size_t)r * width + (size_t)hv * hd;
+    const int kind = hv < heads ? 0 : (hv < heads + kv_heads ? 1 : 2);
+    const float* bias = kind == 0 ? q_bias : (kind == 1 ? k_bias : v_bias);
+    const int boff = (kind == 0 ? hv : (kind == 1 ? hv - heads : hv - heads - kv_heads)) * hd;
+    for (int i = lane; i < hd; i += 32) v[i] = bias ? __fadd_rn(src[i], bias[boff + i]) : src[i];
+    __syncwarp();
+    const float* nw = kind == 0 ? q_norm : (kind == 1 ? k_norm : nullptr);
+    if (nw) {
+        float ss = 0.f;
+        for (int i = lane; i < hd; i += 32) ss = __fmaf_rn(v[i], v[i], ss);
+        ss = tf_warp_sum(ss);
+        const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)hd, eps));
+        __syncwarp();
+        for (int i = lane; i < hd; i += 32) v[i] = __fmul_rn(__fmul_rn(v[i], scale), nw[i]);
+        __syncwarp();
+    }
+    const long long pos = row_pos[r];
+    if (kind < 2) {
+        const int half = hd / 2;
+        const float* ct = cos_t + (size_t)pos * half;
+        const float* st = sin_t + (size_t)pos * half;
+        for (int i = lane; i < half; i += 32) {
+            int a = interleaved ? 2 * i : i, b = interleaved ? 2 * i + 1 : i + half;
+            float x0 = v[a], x1 = v[b], c = ct[i], s = st[i];
+            v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            v[b] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        }
+        __syncwarp();
+    }
+    float* dst;
+    if (kind == 0) {
+        dst = q_out + (size_t)r * qw + (size_t)hv * hd;
+    } else {
+        const long long sq = row_seq[r];
+        float* base = reinterpret_cast<float*>(kind == 1 ? k_base[sq] : v_base[sq]);
+        const int kvh = kind == 1 ? hv - heads : hv - heads - kv_heads;
+        dst = base + ((size_t)layer * cap[sq] + pos) * kvw + (size_t)kvh * hd;
+    }
+    for (int i = lane; i < hd; i += 32) dst[i] = v[i];
+}
+
+#define TF_KEY_BLOCK 64
+#define TF_MAX_HD 256
+
+// Causal attention of one (row, head) over keys 0..=pos of its sequence.
+// Keys are taken in blocks of 64 counted from position 0 with an online
+// softmax; lane l scores keys 64b + l and 64b + 32 + l with a sequential
+// dot, the block's sums use a fixed tree, and values are added key by key
+// in position order. Nothing depends on other rows or on chunking.
+extern "C" __global__ void __launch_bounds__(32)
+    attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
+              const long long* row_seq, const unsigned long long* k_base,
+              const unsigned long long* v_base, const long long* cap, int layer, float* out) {
+    __shared__ float qs[TF_MAX_HD];
+    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int kvw = kv_heads * hd, group = heads / kv_heads;
+    const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
+    for (int i = lane; i < hd; i += 32) qs[i] = qr[i];
+    __syncwarp();
+    const long long pos = row_pos[r], sq = row_seq[r];
+    const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)(h / group) * hd;
+    const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
+    const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+    float o[TF_MAX_HD / 32];
+#pragma unroll
+    for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = 0.f;
+    float m = -INFINITY, l = 0.f;
+    const long long n = pos + 1;
+    for (long long b0 = 0; b0 < n; b0 += TF_KEY_BLOCK) {
+        // Both keys of this lane in one pass: two independent chains, the
+        // same sequential order over dimensions as one at a time.
+        const long long j0 = b0 + lane, j1 = b0 + 32 + lane;
+        const bool ok[2] = {j0 < n, j1 < n};
+        const float* k0 = K + (size_t)(ok[0] ? j0 : 0) * kvw;
+        const float* k1 = K + (size_t)(ok[1] ? j1 : 0) * kvw;
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll 8
+        for (int d = 0; d < hd; d += 4) {
+            const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
+            const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
+            a0 = __fmaf_rn(qs[d], x0.x, a0);
+            a1 = __fmaf_rn(qs[d], x1.x, a1);
+            a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
+            a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
+            a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
+            a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
+            a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
+            a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
+        }
+        const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY,
+                            ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
+        const float bm = tf_warp_max(fmaxf(s[0], s[1]));
+        const float mn = fmaxf(m, bm);
+        const float alpha = m == -INFINITY ? 0.f : expf(__fsub_rn(m, mn));
+        float p[2];
+#pragma unroll
+        for (int half = 0; half < 2; half++) p[half] = ok[half] ? expf(__fsub_rn(s[half], mn)) : 0.f;
+        const float ps = tf_warp_sum(__fadd_rn(p[0], p[1]));
+        l = __fadd_rn(__fmul_rn(l, alpha), ps);
+#pragma unroll
+        for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = __fmul_rn(o[t], alpha);
+        const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
+        // Values key by key in position order; loads of 8 keys are issued
+        // before their multiply-adds so they overlap.
+        for (int j8 = 0; j8 < valid; j8 += 8) {
+            float vv[8][TF_MAX_HD / 32];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float* vr = V + (size_t)(b0 + min(j8 + k, valid - 1)) * kvw;
+#pragma unroll
+                for (int t = 0; t < TF_MAX_HD / 32; t++)
+                    vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const int jj = j8 + k;
+                const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p[0] : p[1], jj & 31);
+                if (jj < valid) {
+#pragma unroll
+                    for (int t = 0; t < TF_MAX_HD / 32; t++)
+                        if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+                }
+            }
+        }
+        m = mn;
+    }
+    const float inv = 1.0f / l;
+    float* orow = out + (size_t)r * heads * hd + (size_t)h * hd;
+#pragma unroll
+    for (int t = 0; t < TF_MAX_HD / 32; t++)
+        if (lane + 32 * t < hd) orow[lane + 32 * t] = __fmul_rn(o[t], inv);
+}
+
+// act[r, e] = silu(gu[r, e]) * gu[r, ff + e], where gu holds gate | up.
+extern "C" __global__ void silu_mul(const float* gu, float* act, int M, int ff) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)M * ff) return;
+    const size_t r = i / ff, e = i % ff;
+    const float g = gu[r * 2 * ff + e], u = gu[r * 2 * ff + ff + e];
+    act[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
