@@ -212,3 +212,49 @@ def test_disconnect_cancels_generation(server, client):
     assert metric(server, "tensorfold_requests_cancelled_total") == before + 1
     # The worker is free again: a new request is answered promptly.
     assert "Paris" in chat(client, temperature=0).choices[0].message.content
+
+
+def test_concurrent_streams_equal_solo(client):
+    """Eight requests at once, mixed settings: each reply equals the same
+    request served alone without drafts."""
+    prompts = ["What is the capital of France?", "Repeat exactly: red, green, blue, red, green, blue.",
+               "Write a haiku about the sea.", "Count from one to ten."]
+    settings = [dict(temperature=0), dict(temperature=0.8, seed=3), dict(temperature=1.1, seed=8, top_p=0.9),
+                dict(temperature=0, stop=["\n"])]
+    requests = [dict(messages=[{"role": "user", "content": prompts[i % 4]}], max_tokens=20 + 4 * i,
+                     **settings[(i // 2) % 4]) for i in range(8)]
+    solo = [chat(client, extra_body={"draft": False}, **r).choices[0].message.content for r in requests]
+    results = [None] * len(requests)
+
+    def go(i):
+        results[i] = chat(client, **requests[i]).choices[0].message.content
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == solo
+
+
+def test_memory_budget_sets_the_window(monkeypatch):
+    from conftest import ROOT, start
+
+    model = ROOT / "models" / "smollm2-135m-instruct-q4_1.gguf"
+    monkeypatch.setenv("TENSORFOLD_MEMORY_LIMIT_GB", "0.6")
+    proc, base = start(model)
+    try:
+        window = json.load(urllib.request.urlopen(base + "/v1/models"))["data"][0]["max_model_len"]
+        assert 256 < window < 8192, window
+        client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, messages=[{"role": "user", "content": "word " * window}])
+        assert e.value.code == "context_length_exceeded" and str(window) in str(e.value)
+        assert chat(client, temperature=0).choices[0].message.content
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    # An explicit window the budget cannot hold is refused at startup, saying what fits.
+    with pytest.raises(RuntimeError) as e:
+        start(model, "--context", "8192")
+    assert "at most" in str(e.value) and "8192" in str(e.value)

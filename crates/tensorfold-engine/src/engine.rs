@@ -1,17 +1,18 @@
 //! Loading, prompt preparation and serial generation.
 
-use crate::sampling::{Sampler, SamplingParams};
+use crate::batch::Batch;
+use crate::sampling::SamplingParams;
 use crate::template::ChatTemplate;
-use crate::text::TextStream;
 use serde::Serialize;
 use serde_json::Value as Json;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tensorfold_kv::KvCache;
-use tensorfold_models::{Bundle, Logits, Model, ModelError};
+use std::time::Duration;
+use tensorfold_models::{Bundle, Model, ModelConfig, ModelError};
+use tensorfold_scheduler::memory::{self, BudgetError, MemoryBudget};
+use tensorfold_scheduler::{MAX_DEPTH, PREFILL_CHUNK};
 use tensorfold_spec::{
-    accept, AutoDrafter, ContextConfig, ContextDrafter, DraftModel, DraftStats, Drafter,
+    AutoDrafter, ContextConfig, ContextDrafter, DraftModel, DraftStats, Drafter,
 };
 
 /// Why a request could not be served.
@@ -28,6 +29,11 @@ pub enum EngineError {
     Tokenizer(String),
     #[error(transparent)]
     DraftPair(#[from] tensorfold_spec::DraftPairError),
+    #[error(transparent)]
+    Memory(#[from] BudgetError),
+    /// No stream slot or cache memory is free now; try again later.
+    #[error("the engine is at capacity")]
+    Busy,
 }
 
 /// Which drafter proposes tokens.
@@ -132,12 +138,35 @@ pub struct Completion {
     pub decode_time: Duration,
 }
 
-/// Prompt tokens processed per forward while prefilling. Any size gives the
-/// same bits; this bounds the workspace.
-const PREFILL_CHUNK: usize = 256;
+/// Streams `Parallel::Auto` allows at most; memory usually decides first.
+pub const AUTO_MAX_STREAMS: usize = 64;
 
-/// Most drafts verified in one round.
-const MAX_DEPTH: usize = 8;
+/// How many streams share a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parallel {
+    /// As many as the memory budget holds, up to [`AUTO_MAX_STREAMS`].
+    Auto,
+    /// At most this many (at least one).
+    Fixed(usize),
+}
+
+impl std::str::FromStr for Parallel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Parallel, String> {
+        match s {
+            "auto" => Ok(Parallel::Auto),
+            n => match n.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Parallel::Fixed(n)),
+                _ => Err(format!(
+                    "--parallel takes `auto` or a positive count, not {n:?}"
+                )),
+            },
+        }
+    }
+}
+
+/// Default share of a round's rows kept by decoding replies while prompts prefill.
+pub const DEFAULT_DECODE_SHARE: f64 = 0.5;
 
 /// A loaded model ready to serve requests.
 pub struct Engine {
@@ -145,6 +174,16 @@ pub struct Engine {
     template: Option<ChatTemplate>,
     drafter: DrafterChoice,
     draft_model: Option<Arc<Model>>,
+    parallel: Parallel,
+    decode_share: f64,
+    /// The window asked for (`None`: the largest that fits).
+    asked_context: Option<usize>,
+    /// The memory limit set by the embedder (`None`: the process default).
+    memory_limit: Option<usize>,
+    /// Resident bytes once the models were loaded: weights and runtime.
+    loaded_resident: usize,
+    memory: MemoryBudget,
+    window: usize,
 }
 
 impl Engine {
@@ -164,12 +203,113 @@ impl Engine {
             ),
             None => None,
         };
-        Ok(Engine {
+        let mut engine = Engine {
             bundle,
             template,
             drafter: DrafterChoice::Auto,
             draft_model: None,
-        })
+            parallel: Parallel::Auto,
+            decode_share: DEFAULT_DECODE_SHARE,
+            asked_context: None,
+            memory_limit: None,
+            loaded_resident: memory::resident().0,
+            memory: MemoryBudget {
+                limit: 0,
+                fixed: 0,
+                per_position: 0,
+            },
+            window: 0,
+        };
+        engine.size_memory()?;
+        Ok(engine)
+    }
+
+    /// Recomputes the budget and window: the process's resident memory
+    /// once loaded (weights, runtime) plus the forward's workspace are
+    /// fixed; the rest holds caches.
+    fn size_memory(&mut self) -> Result<(), EngineError> {
+        let config = &self.bundle.model.config;
+        let mut per_position = config.kv_shape().bytes_per_position();
+        if let Some(d) = &self.draft_model {
+            per_position += d.config.kv_shape().bytes_per_position();
+        }
+        let rows = PREFILL_CHUNK + self.max_streams() * (1 + MAX_DEPTH);
+        let memory = MemoryBudget {
+            limit: match self.memory_limit {
+                Some(l) => l,
+                None => memory::process_limit()?,
+            },
+            fixed: self.loaded_resident + workspace_bytes(config, rows),
+            per_position,
+        };
+        let window = memory.window(self.asked_context, config.max_positions)?;
+        self.memory = memory;
+        self.window = window;
+        Ok(())
+    }
+
+    /// Sets the context window: `None` for the largest that fits one request
+    /// in the memory budget (capped by the model's). Refuses a window the
+    /// model or the budget cannot hold. Returns the window.
+    pub fn set_context(&mut self, asked: Option<usize>) -> Result<usize, EngineError> {
+        let model_max = self.bundle.model.config.max_positions;
+        if let Some(n) = asked {
+            if n > model_max {
+                return Err(EngineError::Invalid(format!(
+                    "--context {n} exceeds the model's window of {model_max} tokens"
+                )));
+            }
+        }
+        let before = std::mem::replace(&mut self.asked_context, asked);
+        if let Err(e) = self.size_memory() {
+            self.asked_context = before;
+            return Err(e);
+        }
+        Ok(self.window)
+    }
+
+    /// Replaces the process's memory limit (`None`: `TENSORFOLD_MEMORY_LIMIT_GB`
+    /// or 70% of RAM) and resizes the window. Returns the window.
+    pub fn set_memory_limit(&mut self, bytes: Option<usize>) -> Result<usize, EngineError> {
+        let before = std::mem::replace(&mut self.memory_limit, bytes);
+        if let Err(e) = self.size_memory() {
+            self.memory_limit = before;
+            return Err(e);
+        }
+        Ok(self.window)
+    }
+
+    pub fn set_parallel(&mut self, parallel: Parallel) -> Result<(), EngineError> {
+        self.parallel = parallel;
+        self.size_memory()
+    }
+
+    /// Streams one round may hold.
+    pub fn max_streams(&self) -> usize {
+        match self.parallel {
+            Parallel::Auto => AUTO_MAX_STREAMS,
+            Parallel::Fixed(n) => n.max(1),
+        }
+    }
+
+    /// Share of a round's rows that decoding keeps while prompts prefill.
+    pub fn set_decode_share(&mut self, share: f64) -> Result<(), EngineError> {
+        if !(share > 0.0 && share <= 1.0) {
+            return Err(EngineError::Invalid(format!(
+                "--decode-share takes a number in (0, 1], not {share}"
+            )));
+        }
+        self.decode_share = share;
+        Ok(())
+    }
+
+    pub fn decode_share(&self) -> f64 {
+        self.decode_share
+    }
+
+    /// The memory budget and how it is spent.
+    pub fn memory(&self) -> MemoryBudget {
+        self.memory
     }
 
     /// Chooses the drafter for requests that allow drafting.
@@ -195,10 +335,11 @@ impl Engine {
             &draft.tokenizer.get_vocab(true).into_iter().collect(),
         )?;
         self.draft_model = Some(Arc::new(draft.model));
-        Ok(())
+        self.loaded_resident = memory::resident().0;
+        self.size_memory()
     }
 
-    fn make_drafter(&self) -> Option<Box<dyn Drafter>> {
+    pub(crate) fn make_drafter(&self) -> Option<Box<dyn Drafter>> {
         let context =
             || Box::new(ContextDrafter::new(ContextConfig::default())) as Box<dyn Drafter>;
         let model = || {
@@ -222,9 +363,10 @@ impl Engine {
         &self.bundle
     }
 
-    /// The model's context window.
+    /// The context window: what `--context` asked, or the largest that
+    /// fits one request in the memory budget, capped by the model's.
     pub fn window(&self) -> usize {
-        self.bundle.model.config.max_positions
+        self.window
     }
 
     /// Renders a chat prompt to text with the model's template.
@@ -273,7 +415,7 @@ impl Engine {
 
     fn check(&self, req: &GenerateRequest, prompt: &[u32]) -> Result<(), EngineError> {
         req.sampling.validate().map_err(EngineError::Invalid)?;
-        let window = self.window();
+        let window = self.window;
         if prompt.is_empty() {
             return Err(EngineError::Invalid("prompt is empty".into()));
         }
@@ -292,161 +434,76 @@ impl Engine {
         Ok(())
     }
 
-    /// Generates a reply. With drafting, each round verifies the pending
-    /// token and the drafts in one forward and keeps the drafts the sampler
-    /// agrees with; the tokens are those of serial decode. `on_text`
-    /// receives each text delta and returns `false` to cancel.
+    /// Tokenizes and checks a request, and sizes what it will hold.
+    pub fn prepare(&self, request: GenerateRequest) -> Result<Prepared, EngineError> {
+        let tokens = self.prompt_tokens(&request.prompt)?;
+        self.check(&request, &tokens)?;
+        let budget = request.max_tokens.min(self.window - tokens.len());
+        let cache_bytes = self.memory.stream_bytes(tokens.len() + budget);
+        Ok(Prepared {
+            request,
+            tokens,
+            budget,
+            cache_bytes,
+        })
+    }
+
+    /// A set of streams served together, one shared round per step.
+    pub fn batch(&self) -> Batch<'_> {
+        Batch::new(self)
+    }
+
+    /// Generates a reply: a batch of one, so the same path as concurrent
+    /// serving. With drafting, each round verifies the pending token and
+    /// the drafts in one forward and keeps the drafts the sampler agrees
+    /// with; the tokens are those of serial decode. `on_text` receives each
+    /// text delta and returns `false` to cancel.
     pub fn generate(
         &self,
         req: &GenerateRequest,
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<Completion, EngineError> {
-        let prompt = self.prompt_tokens(&req.prompt)?;
-        self.check(req, &prompt)?;
-        let model = &self.bundle.model;
-        let vocab = model.config.vocab_size;
-        let sampler = Sampler::new(req.sampling.clone(), &prompt);
-        let started = Instant::now();
-        let mut cache = KvCache::new(model.config.kv_shape());
-        let mut logits = Vec::new();
-        for (i, chunk) in prompt.chunks(PREFILL_CHUNK).enumerate() {
-            let last = (i + 1) * PREFILL_CHUNK >= prompt.len();
-            logits = model.forward(
-                chunk,
-                &mut cache,
-                if last { Logits::Last } else { Logits::None },
-            );
-        }
-        let prefill_time = started.elapsed();
-
-        let mut drafter = if req.draft { self.make_drafter() } else { None };
-        let mut reply = Reply {
-            engine: self,
-            req,
-            text: TextStream::new(req.stop.clone()),
-            context: prompt.clone(),
-            tokens: Vec::new(),
-            logprobs: Vec::new(),
-            budget: req.max_tokens.min(self.window() - prompt.len()),
-            finish: None,
-        };
-        let mut stats = DraftStats::default();
-        let mut next = sampler.pick(prompt.len(), &logits);
-        let mut next_row = logits;
-        while reply.emit(next, &next_row, on_text) {
-            let round = Instant::now();
-            let room = reply.budget - reply.tokens.len() - 1;
-            let drafts = match &mut drafter {
-                Some(d) if room > 0 => d.propose(&reply.context, room.min(MAX_DEPTH)),
-                _ => Vec::new(),
-            };
-            let base = cache.len();
-            let rows: Vec<u32> = std::iter::once(next)
-                .chain(drafts.iter().copied())
-                .collect();
-            let logits = model.forward(&rows, &mut cache, Logits::All);
-            let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
-            let (kept, bonus) = accept(&drafts, |i| sampler.pick(base + 1 + i, row(i)));
-            cache.truncate(base + 1 + kept);
-            if let Some(d) = &mut drafter {
-                d.observe(drafts.len(), kept, round.elapsed());
-            }
-            stats.rounds += 1;
-            stats.drafted += drafts.len();
-            stats.accepted += kept;
-            if !(0..kept).all(|i| reply.emit(drafts[i], row(i), on_text)) {
-                break;
-            }
-            next = bonus;
-            next_row = row(kept).to_vec();
-        }
-        let finish = reply.finish.unwrap_or(FinishReason::Length);
-        if finish != FinishReason::Cancelled {
-            let rest = reply.text.finish();
-            if !rest.is_empty() {
-                on_text(&rest);
+        let prepared = self.prepare(req.clone())?;
+        let mut batch = self.batch();
+        batch.admit(prepared, on_text)?;
+        loop {
+            if let Some((_, done)) = batch.step().pop() {
+                return Ok(done);
             }
         }
-        Ok(Completion {
-            text: reply.text.text().to_string(),
-            completion_tokens: reply.tokens.len(),
-            tokens: reply.tokens,
-            prompt_tokens: prompt.len(),
-            finish_reason: finish,
-            draft: stats,
-            logprobs: reply.logprobs,
-            prefill_time,
-            decode_time: started.elapsed() - prefill_time,
-        })
     }
 }
 
-/// A reply being built: tokens are emitted one at a time, in order, and the
-/// first that ends it (EOS, stop string, budget, cancel) sets `finish`.
-struct Reply<'a> {
-    engine: &'a Engine,
-    req: &'a GenerateRequest,
-    text: TextStream,
-    context: Vec<u32>,
-    tokens: Vec<u32>,
-    logprobs: Vec<TokenLogprob>,
-    budget: usize,
-    finish: Option<FinishReason>,
+/// A checked, tokenized request and what it will reserve.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub(crate) request: GenerateRequest,
+    pub(crate) tokens: Vec<u32>,
+    /// Reply tokens it may produce: `max_tokens`, within the window.
+    pub(crate) budget: usize,
+    /// Cache bytes it reserves: prompt and every reply position.
+    pub(crate) cache_bytes: usize,
 }
 
-impl Reply<'_> {
-    /// Adds `token` (picked from `row`); returns whether the reply goes on.
-    fn emit(&mut self, token: u32, row: &[f32], on_text: &mut dyn FnMut(&str) -> bool) -> bool {
-        if self.finish.is_some() {
-            return false;
-        }
-        if self.tokens.len() >= self.budget {
-            self.finish = Some(FinishReason::Length);
-            return false;
-        }
-        if !self.req.ignore_eos && self.engine.bundle.eos_ids.contains(&token) {
-            self.finish = Some(FinishReason::Stop);
-            return false;
-        }
-        self.tokens.push(token);
-        self.context.push(token);
-        if let Some(n) = self.req.logprobs {
-            self.logprobs.push(token_logprob(row, token, n));
-        }
-        let delta = self.text.push(&self.engine.bundle.tokenizer, token);
-        if !delta.text.is_empty() && !on_text(&delta.text) {
-            self.finish = Some(FinishReason::Cancelled);
-        } else if delta.stopped {
-            self.finish = Some(FinishReason::Stop);
-        } else if self.tokens.len() >= self.budget {
-            self.finish = Some(FinishReason::Length);
-        }
-        self.finish.is_none()
+impl Prepared {
+    pub fn request(&self) -> &GenerateRequest {
+        &self.request
+    }
+
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_bytes
     }
 }
 
-/// Log-softmax of `row` at `token`, and the `n` most likely tokens.
-fn token_logprob(row: &[f32], token: u32, n: usize) -> TokenLogprob {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max
-        + row
-            .iter()
-            .map(|&l| (l as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    let lp = |t: u32| (row[t as usize] as f64 - lse) as f32;
-    let mut ids: Vec<u32> = (0..row.len() as u32).collect();
-    let n = n.min(ids.len());
-    if n > 0 {
-        ids.select_nth_unstable_by(n - 1, |&a, &b| {
-            row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b))
-        });
-    }
-    let mut top: Vec<(u32, f32)> = ids[..n].iter().map(|&t| (t, lp(t))).collect();
-    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-    TokenLogprob {
-        token,
-        logprob: lp(token),
-        top,
-    }
+/// Activations one forward of `rows` rows may hold at once, logits of every
+/// row included (an upper bound: prompt rows keep only the last logits).
+fn workspace_bytes(c: &ModelConfig, rows: usize) -> usize {
+    let q = c.heads * c.head_dim;
+    let kv = c.kv_heads * c.head_dim;
+    let per_row = 4 * c.hidden_size + 2 * q + 2 * kv + 3 * c.intermediate_size + c.vocab_size;
+    rows * per_row * std::mem::size_of::<f32>()
 }

@@ -12,17 +12,22 @@
 //! # Ok::<(), tensorfold_engine::EngineError>(())
 //! ```
 
+mod batch;
 mod engine;
+mod reply;
 mod sampling;
 mod template;
 mod text;
 
+pub use batch::Batch;
 pub use engine::{
-    Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Prompt,
-    TokenLogprob,
+    Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Parallel,
+    Prepared, Prompt, TokenLogprob, AUTO_MAX_STREAMS, DEFAULT_DECODE_SHARE,
 };
+pub use reply::OnText;
 pub use sampling::{argmax, prompt_seed, Pick, Sampler, SamplingParams};
 pub use template::ChatTemplate;
 pub use tensorfold_models as models;
+pub use tensorfold_scheduler::{memory, StreamId};
 pub use tensorfold_spec::DraftStats;
 pub use text::{Delta, TextStream};

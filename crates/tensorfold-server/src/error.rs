@@ -95,6 +95,7 @@ impl From<tensorfold_engine::EngineError> for ApiError {
             .code("context_length_exceeded")
             .param("messages"),
             E::Invalid(m) => ApiError::bad_request(m),
+            E::Busy => ApiError::overloaded("the server is at capacity; retry later"),
             other => ApiError::internal(other.to_string()),
         }
     }

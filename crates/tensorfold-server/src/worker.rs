@@ -1,13 +1,16 @@
-//! The generation worker: one thread runs requests from a bounded queue.
-//! Each job streams its text back over a channel; when the client goes
-//! away the channel closes, the next delta fails to send, and generation
-//! stops within a round, freeing its cache.
+//! The generation worker: one thread owns the engine's batch. Requests wait
+//! in a bounded queue, join the batch (in arrival order) as soon as a
+//! stream slot and their cache memory are free, and share one round per
+//! step with every other live stream. Each job streams its text back over a
+//! channel; when the client goes away the channel closes and the stream is
+//! cancelled at the next round, freeing its memory.
 
 use crate::metrics::Metrics;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
-use tensorfold_engine::{Completion, Engine, EngineError, GenerateRequest};
+use tensorfold_engine::{Completion, Engine, EngineError, GenerateRequest, Prepared, StreamId};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// What a job sends back.
@@ -27,32 +30,12 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// `capacity` requests may wait; more get `None` from [`Worker::submit`].
     pub fn start(engine: Arc<Engine>, capacity: usize, metrics: Arc<Metrics>) -> Worker {
         let (queue, jobs) = sync_channel::<Job>(capacity);
         std::thread::Builder::new()
             .name("tensorfold-worker".into())
-            .spawn(move || {
-                for job in jobs {
-                    metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                    if job.events.is_closed() {
-                        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    metrics.running.store(1, Ordering::Relaxed);
-                    let events = job.events.clone();
-                    let result = engine.generate(&job.request, &mut |delta| {
-                        metrics
-                            .completion_tokens_live
-                            .fetch_add(1, Ordering::Relaxed);
-                        events.send(Event::Delta(delta.to_string())).is_ok()
-                    });
-                    metrics.running.store(0, Ordering::Relaxed);
-                    if let Ok(c) = &result {
-                        metrics.record(c);
-                    }
-                    let _ = job.events.send(Event::Done(result));
-                }
-            })
+            .spawn(move || run(&engine, jobs, capacity, metrics))
             .expect("spawn worker thread");
         Worker { queue }
     }
@@ -71,6 +54,98 @@ impl Worker {
                 metrics.queued.fetch_sub(1, Ordering::Relaxed);
                 None
             }
+        }
+    }
+}
+
+/// A request that was checked and waits for room.
+struct Waiting {
+    prepared: Prepared,
+    events: UnboundedSender<Event>,
+}
+
+fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metrics>) {
+    let metrics_for_text = metrics.clone();
+    let metrics = &*metrics;
+    let mut batch = engine.batch();
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    let mut live: HashMap<StreamId, UnboundedSender<Event>> = HashMap::new();
+    loop {
+        // Block only when there is nothing to run.
+        if batch.is_empty() && waiting.is_empty() {
+            match jobs.recv() {
+                Ok(job) => prepare(engine, job, &mut waiting, metrics),
+                Err(_) => return,
+            }
+        }
+        while waiting.len() < capacity {
+            match jobs.try_recv() {
+                Ok(job) => prepare(engine, job, &mut waiting, metrics),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) if batch.is_empty() && waiting.is_empty() => return,
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
+        waiting.retain(|w| {
+            let gone = w.events.is_closed();
+            if gone {
+                metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            !gone
+        });
+        // Arrival order: a request that does not fit holds the ones behind it,
+        // so a long prompt is never starved by short ones.
+        while waiting.front().is_some_and(|w| batch.fits(&w.prepared)) {
+            let w = waiting.pop_front().expect("checked above");
+            metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            let events = w.events.clone();
+            let counters = metrics_for_text.clone();
+            let on_text = move |delta: &str| {
+                counters
+                    .completion_tokens_live
+                    .fetch_add(1, Ordering::Relaxed);
+                events.send(Event::Delta(delta.to_string())).is_ok()
+            };
+            match batch.admit(w.prepared, on_text) {
+                Ok(id) => {
+                    live.insert(id, w.events);
+                }
+                Err(e) => {
+                    let _ = w.events.send(Event::Done(Err(e)));
+                }
+            }
+        }
+        for (&id, events) in &live {
+            if events.is_closed() {
+                batch.cancel(id);
+            }
+        }
+        metrics.running.store(batch.len() as u64, Ordering::Relaxed);
+        for (id, completion) in batch.step() {
+            metrics.record(&completion);
+            if let Some(events) = live.remove(&id) {
+                let _ = events.send(Event::Done(Ok(completion)));
+            }
+        }
+    }
+}
+
+/// Checks a job; a bad one is answered at once, a good one waits its turn.
+fn prepare(engine: &Engine, job: Job, waiting: &mut VecDeque<Waiting>, metrics: &Metrics) {
+    if job.events.is_closed() {
+        metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    match engine.prepare(job.request) {
+        Ok(prepared) => waiting.push_back(Waiting {
+            prepared,
+            events: job.events,
+        }),
+        Err(e) => {
+            metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            let _ = job.events.send(Event::Done(Err(e)));
         }
     }
 }

@@ -91,6 +91,16 @@ pub struct ServeArgs {
     /// Requests that may wait before new ones get 503.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Streams sharing each round: `auto` (as many as memory holds) or a count.
+    #[arg(long, default_value = "auto")]
+    pub parallel: tensorfold_engine::Parallel,
+    /// Share of a round's rows that running replies keep while prompts prefill.
+    #[arg(long, default_value_t = tensorfold_engine::DEFAULT_DECODE_SHARE)]
+    pub decode_share: f64,
+    /// Context window in tokens; default: the largest that fits one request
+    /// in the memory budget (70% of RAM, or TENSORFOLD_MEMORY_LIMIT_GB).
+    #[arg(long)]
+    pub context: Option<usize>,
 }
 
 /// Sampling flags shared by commands that generate.
@@ -144,6 +154,9 @@ pub struct RunArgs {
     pub ignore_eos: bool,
     #[command(flatten)]
     pub draft: DraftArgs,
+    /// Context window in tokens; default: the largest that fits the memory budget.
+    #[arg(long)]
+    pub context: Option<usize>,
 }
 
 #[derive(Args)]

@@ -19,7 +19,7 @@ pub fn sampling(args: &SamplingArgs, defaults: &GenerationDefaults) -> SamplingP
 }
 
 /// Loads the target and sets up drafting as the flags say.
-pub fn load_engine(model: &Path, draft: &DraftArgs) -> Result<Engine> {
+pub fn load_engine(model: &Path, draft: &DraftArgs, context: Option<usize>) -> Result<Engine> {
     let mut engine = Engine::load(model)?;
     if let Some(p) = &draft.draft_model {
         engine.set_draft_model(p)?;
@@ -35,11 +35,12 @@ pub fn load_engine(model: &Path, draft: &DraftArgs) -> Result<Engine> {
         }
     };
     engine.set_drafter(choice)?;
+    engine.set_context(context)?;
     Ok(engine)
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let engine = load_engine(&args.model, &args.draft)?;
+    let engine = load_engine(&args.model, &args.draft, args.context)?;
     let prompt = if args.chat {
         Prompt::chat_user(&args.prompt)
     } else {

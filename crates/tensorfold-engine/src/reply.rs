@@ -1,0 +1,132 @@
+//! A reply being built: tokens arrive one at a time, in order, and the
+//! first that ends it (EOS, stop string, budget, cancel) sets its finish.
+
+use crate::engine::{Completion, Engine, FinishReason, GenerateRequest, TokenLogprob};
+use crate::sampling::Sampler;
+use crate::text::TextStream;
+use tensorfold_scheduler::{Client, Finished};
+
+/// Receives each text delta; returns `false` to cancel.
+pub type OnText<'a> = Box<dyn FnMut(&str) -> bool + 'a>;
+
+pub(crate) struct Reply<'a> {
+    engine: &'a Engine,
+    req: GenerateRequest,
+    sampler: Sampler,
+    text: TextStream,
+    tokens: Vec<u32>,
+    logprobs: Vec<TokenLogprob>,
+    prompt_tokens: usize,
+    budget: usize,
+    finish: Option<FinishReason>,
+    on_text: OnText<'a>,
+}
+
+impl<'a> Reply<'a> {
+    pub(crate) fn new(
+        engine: &'a Engine,
+        req: GenerateRequest,
+        prompt: &[u32],
+        budget: usize,
+        on_text: OnText<'a>,
+    ) -> Reply<'a> {
+        Reply {
+            engine,
+            sampler: Sampler::new(req.sampling.clone(), prompt),
+            text: TextStream::new(req.stop.clone()),
+            req,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            prompt_tokens: prompt.len(),
+            budget,
+            finish: None,
+            on_text,
+        }
+    }
+
+    /// The completion of a stream that left the scheduler.
+    pub(crate) fn complete(done: Finished<Reply<'a>>) -> Completion {
+        let mut reply = done.client;
+        let finish = match reply.finish {
+            _ if done.cancelled => FinishReason::Cancelled,
+            Some(f) => f,
+            None => FinishReason::Length,
+        };
+        if finish != FinishReason::Cancelled {
+            let rest = reply.text.finish();
+            if !rest.is_empty() {
+                (reply.on_text)(&rest);
+            }
+        }
+        Completion {
+            text: reply.text.text().to_string(),
+            completion_tokens: reply.tokens.len(),
+            tokens: reply.tokens,
+            prompt_tokens: reply.prompt_tokens,
+            finish_reason: finish,
+            draft: done.draft,
+            logprobs: reply.logprobs,
+            prefill_time: done.prefill_time,
+            decode_time: done.decode_time,
+        }
+    }
+}
+
+impl Client for Reply<'_> {
+    fn pick(&self, position: usize, row: &[f32]) -> u32 {
+        self.sampler.pick(position, row)
+    }
+
+    fn accept(&mut self, token: u32, row: &[f32]) -> bool {
+        if self.finish.is_some() {
+            return false;
+        }
+        if self.tokens.len() >= self.budget {
+            self.finish = Some(FinishReason::Length);
+            return false;
+        }
+        if !self.req.ignore_eos && self.engine.bundle().eos_ids.contains(&token) {
+            self.finish = Some(FinishReason::Stop);
+            return false;
+        }
+        self.tokens.push(token);
+        if let Some(n) = self.req.logprobs {
+            self.logprobs.push(token_logprob(row, token, n));
+        }
+        let delta = self.text.push(&self.engine.bundle().tokenizer, token);
+        if !delta.text.is_empty() && !(self.on_text)(&delta.text) {
+            self.finish = Some(FinishReason::Cancelled);
+        } else if delta.stopped {
+            self.finish = Some(FinishReason::Stop);
+        } else if self.tokens.len() >= self.budget {
+            self.finish = Some(FinishReason::Length);
+        }
+        self.finish.is_none()
+    }
+}
+
+/// Log-softmax of `row` at `token`, and the `n` most likely tokens.
+fn token_logprob(row: &[f32], token: u32, n: usize) -> TokenLogprob {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max
+        + row
+            .iter()
+            .map(|&l| (l as f64 - max).exp())
+            .sum::<f64>()
+            .ln();
+    let lp = |t: u32| (row[t as usize] as f64 - lse) as f32;
+    let mut ids: Vec<u32> = (0..row.len() as u32).collect();
+    let n = n.min(ids.len());
+    if n > 0 {
+        ids.select_nth_unstable_by(n - 1, |&a, &b| {
+            row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b))
+        });
+    }
+    let mut top: Vec<(u32, f32)> = ids[..n].iter().map(|&t| (t, lp(t))).collect();
+    top.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    TokenLogprob {
+        token,
+        logprob: lp(token),
+        top,
+    }
+}

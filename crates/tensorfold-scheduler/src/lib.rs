@@ -1,0 +1,353 @@
+//! Continuous batching with exact drafting.
+//!
+//! Every live stream puts its rows into one shared forward per round: a
+//! decoding stream its pending token and its drafts, a prefilling stream
+//! the next chunk of its prompt. Streams join and leave between rounds.
+//! Each keeps its own cache, sampler (behind [`Client`]) and drafter, and
+//! because the model's arithmetic for a row does not depend on the other
+//! rows of the call, each stream's tokens are those it would get alone.
+//!
+//! ```
+//! use tensorfold_kv::KvCache;
+//! use tensorfold_models::synth::{self, SynthSpec};
+//! use tensorfold_models::{Arch, Format};
+//! use tensorfold_scheduler::{Client, Scheduler};
+//!
+//! /// Greedy, collecting tokens.
+//! struct Greedy(Vec<u32>);
+//! impl Client for Greedy {
+//!     fn pick(&self, _position: usize, row: &[f32]) -> u32 {
+//!         (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
+//!     }
+//!     fn accept(&mut self, token: u32, _row: &[f32]) -> bool {
+//!         self.0.push(token);
+//!         true
+//!     }
+//! }
+//!
+//! let path = std::env::temp_dir().join(format!("scheduler-doc-{}.gguf", std::process::id()));
+//! synth::write_gguf(&path, &SynthSpec::tiny(Arch::Llama, Format::F32, 7)).unwrap();
+//! let model = tensorfold_models::load(&path).unwrap().model;
+//! let shape = model.config.kv_shape();
+//! let mut scheduler = Scheduler::new(0.5);
+//! scheduler.admit(Greedy(Vec::new()), vec![1, 2, 3], 5, None, KvCache::new(shape));
+//! scheduler.admit(Greedy(Vec::new()), vec![4, 5], 3, None, KvCache::new(shape));
+//! let mut done = Vec::new();
+//! while !scheduler.is_empty() {
+//!     done.extend(scheduler.round(&model));
+//! }
+//! done.sort_by_key(|f| f.id);
+//! assert_eq!(done[0].client.0.len(), 5);
+//! assert_eq!(done[1].client.0.len(), 3);
+//! # std::fs::remove_file(&path).unwrap();
+//! ```
+
+pub mod memory;
+
+use std::time::{Duration, Instant};
+use tensorfold_kv::KvCache;
+use tensorfold_models::{Logits, Model, Seq};
+use tensorfold_spec::{accept, DraftStats, Drafter};
+
+/// What a stream's owner decides: which token a row gives, and what to do
+/// with each token in order.
+pub trait Client {
+    /// The token at absolute `position` given that row's logits.
+    fn pick(&self, position: usize, row: &[f32]) -> u32;
+    /// Takes the next token (picked from `row`); returns whether the stream
+    /// goes on.
+    fn accept(&mut self, token: u32, row: &[f32]) -> bool;
+}
+
+/// Prompt rows a round may take: bounds the forward's workspace.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Fewest prompt rows a round takes while replies decode, so a prompt
+/// arriving under load still makes steady progress.
+pub const MIN_PREFILL: usize = 32;
+
+/// Most drafts one stream verifies in a round.
+pub const MAX_DEPTH: usize = 8;
+
+/// A stream's handle, unique within its scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+/// A stream that left: its owner, and how it went.
+pub struct Finished<C> {
+    pub id: StreamId,
+    pub client: C,
+    /// `true` when [`Scheduler::cancel`] ended it.
+    pub cancelled: bool,
+    pub draft: DraftStats,
+    /// Admission to first token.
+    pub prefill_time: Duration,
+    /// First token to the last.
+    pub decode_time: Duration,
+}
+
+struct Stream<C> {
+    id: StreamId,
+    client: C,
+    prompt: Vec<u32>,
+    /// Prompt tokens in the cache.
+    prefilled: usize,
+    cache: KvCache,
+    /// Prompt and reply so far: what drafters read.
+    context: Vec<u32>,
+    /// A token already accepted but not yet in the cache.
+    pending: Option<u32>,
+    /// Most reply tokens.
+    budget: usize,
+    produced: usize,
+    drafter: Option<Box<dyn Drafter>>,
+    draft: DraftStats,
+    admitted: Instant,
+    first_token: Option<Instant>,
+    cancelled: bool,
+}
+
+/// What a stream puts into a round.
+enum Rows {
+    Idle,
+    Prefill(Vec<u32>),
+    /// The pending token and the drafts.
+    Decode(Vec<u32>),
+}
+
+impl Rows {
+    fn tokens(&self) -> &[u32] {
+        match self {
+            Rows::Idle => &[],
+            Rows::Prefill(t) | Rows::Decode(t) => t,
+        }
+    }
+}
+
+pub struct Scheduler<C> {
+    streams: Vec<Stream<C>>,
+    next_id: u64,
+    decode_share: f64,
+}
+
+impl<C: Client> Scheduler<C> {
+    /// `decode_share`: the share of a round's rows that decoding replies
+    /// keep while prompts prefill (clamped to `0.05..=1.0`); the rest go to
+    /// prompt chunks.
+    pub fn new(decode_share: f64) -> Scheduler<C> {
+        Scheduler {
+            streams: Vec::new(),
+            next_id: 0,
+            decode_share: decode_share.clamp(0.05, 1.0),
+        }
+    }
+
+    /// Adds a stream that continues `prompt` (not empty) with at most
+    /// `budget` tokens. `cache` is where its keys and values go: empty, or
+    /// holding a prefix of `prompt` that is not prefilled again.
+    pub fn admit(
+        &mut self,
+        client: C,
+        prompt: Vec<u32>,
+        budget: usize,
+        drafter: Option<Box<dyn Drafter>>,
+        mut cache: KvCache,
+    ) -> StreamId {
+        assert!(!prompt.is_empty(), "a stream needs a prompt");
+        // The last prompt token always runs, for the first token's logits.
+        cache.truncate(prompt.len() - 1);
+        let id = StreamId(self.next_id);
+        self.next_id += 1;
+        self.streams.push(Stream {
+            id,
+            client,
+            prefilled: cache.len(),
+            cache,
+            context: prompt.clone(),
+            prompt,
+            pending: None,
+            budget,
+            produced: 0,
+            drafter,
+            draft: DraftStats::default(),
+            admitted: Instant::now(),
+            first_token: None,
+            cancelled: false,
+        });
+        id
+    }
+
+    /// Live streams.
+    pub fn len(&self) -> usize {
+        self.streams.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = StreamId> + '_ {
+        self.streams.iter().map(|s| s.id)
+    }
+
+    /// Ends a stream at the next round; its cache is freed then.
+    pub fn cancel(&mut self, id: StreamId) {
+        if let Some(s) = self.streams.iter_mut().find(|s| s.id == id) {
+            s.cancelled = true;
+        }
+    }
+
+    /// Cache bytes the live streams hold now.
+    pub fn cache_bytes(&self) -> usize {
+        self.streams.iter().map(|s| s.cache.allocated_bytes()).sum()
+    }
+
+    /// Runs one round: a single forward over every stream's rows. Returns
+    /// the streams that ended.
+    pub fn round(&mut self, model: &Model) -> Vec<Finished<C>> {
+        let mut done = self.take(|s| s.cancelled);
+        let started = Instant::now();
+        let rows = self.plan();
+        let total: usize = rows.iter().map(|r| r.tokens().len()).sum();
+        if total == 0 {
+            return done;
+        }
+        let logits = {
+            let mut seqs: Vec<Seq<'_>> = self
+                .streams
+                .iter_mut()
+                .zip(&rows)
+                .map(|(s, r)| {
+                    let prompt_ends = s.prefilled + r.tokens().len() == s.prompt.len();
+                    Seq {
+                        tokens: r.tokens(),
+                        cache: &mut s.cache,
+                        logits: match r {
+                            Rows::Decode(_) => Logits::All,
+                            Rows::Prefill(_) if prompt_ends => Logits::Last,
+                            _ => Logits::None,
+                        },
+                    }
+                })
+                .collect();
+            model.forward_batch(&mut seqs)
+        };
+        let elapsed = started.elapsed();
+        let vocab = model.config.vocab_size;
+        for ((s, r), logits) in self.streams.iter_mut().zip(rows).zip(logits) {
+            let share = elapsed.mul_f64(r.tokens().len() as f64 / total as f64);
+            match r {
+                Rows::Idle => {}
+                Rows::Prefill(chunk) => {
+                    s.prefilled += chunk.len();
+                    if s.prefilled == s.prompt.len() {
+                        let token = s.client.pick(s.prompt.len(), &logits);
+                        s.first_token = Some(Instant::now());
+                        s.emit(token, &logits);
+                    }
+                }
+                Rows::Decode(rows) => s.verify(&rows[1..], &logits, vocab, share),
+            }
+        }
+        done.extend(self.take(|s| s.first_token.is_some() && s.pending.is_none()));
+        done
+    }
+
+    /// Each stream's rows for the next round.
+    fn plan(&mut self) -> Vec<Rows> {
+        let mut rows: Vec<Rows> = self
+            .streams
+            .iter_mut()
+            .map(|s| match s.pending {
+                Some(t) => {
+                    // Drafts plus the bonus never pass the budget.
+                    let room = (s.budget - s.produced).saturating_sub(1).min(MAX_DEPTH);
+                    let drafts = match &mut s.drafter {
+                        Some(d) if room > 0 => d.propose(&s.context, room),
+                        _ => Vec::new(),
+                    };
+                    Rows::Decode(std::iter::once(t).chain(drafts).collect())
+                }
+                None => Rows::Idle,
+            })
+            .collect();
+        let decoding: usize = rows.iter().map(|r| r.tokens().len()).sum();
+        let mut prefill = if decoding == 0 {
+            PREFILL_CHUNK
+        } else {
+            let f = self.decode_share;
+            ((decoding as f64 * (1.0 - f) / f).ceil() as usize).clamp(MIN_PREFILL, PREFILL_CHUNK)
+        };
+        // Prompts prefill in arrival order.
+        for (s, r) in self.streams.iter().zip(rows.iter_mut()) {
+            if prefill == 0 {
+                break;
+            }
+            if s.first_token.is_none() {
+                let end = s.prompt.len().min(s.prefilled + prefill);
+                prefill -= end - s.prefilled;
+                *r = Rows::Prefill(s.prompt[s.prefilled..end].to_vec());
+            }
+        }
+        rows
+    }
+
+    fn take(&mut self, ended: impl Fn(&Stream<C>) -> bool) -> Vec<Finished<C>> {
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.streams.len() {
+            if ended(&self.streams[i]) {
+                let s = self.streams.remove(i);
+                let now = Instant::now();
+                let first = s.first_token.unwrap_or(now);
+                done.push(Finished {
+                    id: s.id,
+                    client: s.client,
+                    cancelled: s.cancelled,
+                    draft: s.draft,
+                    prefill_time: first - s.admitted,
+                    decode_time: now - first,
+                });
+            } else {
+                i += 1;
+            }
+        }
+        done
+    }
+}
+
+impl<C: Client> Stream<C> {
+    /// Hands `token` to the client; it stays pending while the stream goes on.
+    fn emit(&mut self, token: u32, row: &[f32]) -> bool {
+        self.produced += 1;
+        let goes_on = self.produced <= self.budget
+            && self.client.accept(token, row)
+            && self.produced < self.budget;
+        self.pending = goes_on.then_some(token);
+        if goes_on {
+            self.context.push(token);
+        }
+        goes_on
+    }
+
+    /// Keeps the drafts the client's picks agree with, then the bonus token.
+    fn verify(&mut self, drafts: &[u32], logits: &[f32], vocab: usize, elapsed: Duration) {
+        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+        let base = self.cache.len() - drafts.len() - 1;
+        let (kept, bonus) = accept(drafts, |i| self.client.pick(base + 1 + i, row(i)));
+        self.cache.truncate(base + 1 + kept);
+        if let Some(d) = &mut self.drafter {
+            d.observe(drafts.len(), kept, elapsed);
+        }
+        self.draft.rounds += 1;
+        self.draft.drafted += drafts.len();
+        self.draft.accepted += kept;
+        if drafts[..kept]
+            .iter()
+            .enumerate()
+            .all(|(i, &t)| self.emit(t, row(i)))
+        {
+            self.emit(bonus, row(kept));
+        }
+    }
+}
