@@ -50,10 +50,11 @@ fn mixed_requests(prompts: &[String], max_tokens: usize) -> Vec<GenerateRequest>
         .collect()
 }
 
-/// The serial reference: alone, no drafts.
+/// The serial reference: alone, no drafts, prefilled from scratch.
 fn solo(engine: &Engine, req: &GenerateRequest) -> Completion {
     let mut serial = req.clone();
     serial.draft = false;
+    serial.cache_prompt = false;
     engine.generate(&serial, &mut |_| true).unwrap()
 }
 

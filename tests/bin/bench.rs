@@ -36,6 +36,8 @@ fn request(prompt: &str, sampled: bool, draft: bool) -> GenerateRequest {
     req.max_tokens = 64;
     req.ignore_eos = true;
     req.draft = draft;
+    // Cold prompts: no state retained by an earlier cell.
+    req.cache_prompt = false;
     if sampled {
         req.sampling = SamplingParams {
             temperature: 0.7,
@@ -153,8 +155,180 @@ fn paired_cells(name: &str, target: &Path, draft: Option<&Path>, reps: usize) {
     }
 }
 
+/// Peak resident bytes since the last reset, and a reset (Linux).
+fn peak_rss() -> usize {
+    tensorfold_engine::memory::resident().1
+}
+
+fn reset_peak_rss() {
+    // Writing 5 to clear_refs resets VmHWM to the current RSS.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// `n` streams admitted together, 64-token replies: aggregate and
+/// per-stream tokens/s, peak RSS against the budget. Cells alternate by
+/// stream count within each repetition.
+fn concurrency_cells(path: &Path, reps: usize) {
+    let engine = Engine::load(path).expect("model");
+    let counts = [1usize, 2, 4, 8, 16];
+    let mut aggregate = vec![Vec::new(); counts.len()];
+    let mut per_stream = vec![Vec::new(); counts.len()];
+    let mut peak = vec![0usize; counts.len()];
+    for _ in 0..reps {
+        for (c, &n) in counts.iter().enumerate() {
+            let requests: Vec<GenerateRequest> = (0..n)
+                .map(|i| {
+                    let prompt = if i % 2 == 0 { CHAT_PROMPT } else { CODE_PROMPT };
+                    request(&format!("{prompt} ({i})"), i % 4 == 3, true)
+                })
+                .collect();
+            reset_peak_rss();
+            let started = Instant::now();
+            let mut batch = engine.batch();
+            for r in requests {
+                let prepared = engine.prepare(r).expect("bench request");
+                batch.admit(prepared, |_: &str| true).expect("fits");
+            }
+            let mut tokens = 0;
+            let mut rates = Vec::new();
+            while !batch.is_empty() {
+                for (_, done) in batch.step() {
+                    tokens += done.completion_tokens;
+                    rates.push(done.completion_tokens as f64 / done.decode_time.as_secs_f64());
+                }
+            }
+            aggregate[c].push(tokens as f64 / started.elapsed().as_secs_f64());
+            per_stream[c].push(median(rates));
+            peak[c] = peak[c].max(peak_rss());
+        }
+    }
+    let budget = engine.memory();
+    println!(
+        "\nconcurrency ({}; 64-token replies, chat and code prompts, greedy and sampled, drafting auto; budget {})",
+        path.file_name().unwrap().to_string_lossy(),
+        tensorfold_engine::memory::Bytes(budget.limit)
+    );
+    println!(
+        "{:>8} {:>12} {:>10} {:>14} {:>12} {:>10}",
+        "streams", "agg tok/s", "x 1 stream", "per-stream t/s", "peak RSS", "of budget"
+    );
+    let one = median(aggregate[0].clone());
+    for (c, &n) in counts.iter().enumerate() {
+        let agg = median(aggregate[c].clone());
+        println!(
+            "{:>8} {:>12.1} {:>9.2}x {:>14.1} {:>12} {:>9.1}%",
+            n,
+            agg,
+            agg / one,
+            median(per_stream[c].clone()),
+            tensorfold_engine::memory::Bytes(peak[c]).to_string(),
+            100.0 * peak[c] as f64 / budget.limit as f64
+        );
+    }
+}
+
+const AGENT_SYSTEM: &str = "You are a coding agent working in a repository. You can call tools: \
+read_file(path) returns a file's text; list_dir(path) lists a folder; run(cmd) runs a shell command and returns its output; \
+write_file(path, text) replaces a file. Call one tool per turn as JSON like {\"tool\": \"read_file\", \"path\": \"src/main.rs\"}. \
+Think step by step, keep changes small, run the tests after each change, and report what you changed when done.";
+
+/// The user or tool message that starts turn `t` of the agent session.
+fn agent_message(t: usize) -> serde_json::Value {
+    if t == 0 {
+        return serde_json::json!({"role": "user", "content": "The test `parses_empty_input` fails in src/parse.rs. Find out why and fix it."});
+    }
+    let output = format!(
+        "Tool result (turn {t}):\n```\nfn parse(input: &str) -> Result<Vec<Token>, Error> {{\n    let mut tokens = Vec::new();\n    for (i, line) in input.lines().enumerate() {{\n        tokens.push(Token::line(i, line)?);\n    }}\n    Ok(tokens)\n}}\ntest parses_empty_input ... {}\n```",
+        if t.is_multiple_of(2) { "FAILED" } else { "ok" }
+    );
+    serde_json::json!({"role": "user", "content": output})
+}
+
+/// A 12-turn agent session: each turn sends the whole conversation. Time to
+/// first token summed over the turns, with retained prompt states against
+/// without (the same replies either way), and the cost of retention on a
+/// cold prompt.
+fn agent_cells(path: &Path, reps: usize) {
+    let engine = Engine::load(path).expect("model");
+    let turn_request = |history: &[serde_json::Value], cache: bool| {
+        let mut r = GenerateRequest::new(Prompt::Chat {
+            messages: history.to_vec(),
+            template_vars: Default::default(),
+        });
+        r.max_tokens = 32;
+        r.cache_prompt = cache;
+        r
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut prompt_tokens = 0;
+    for rep in 0..reps {
+        let system = format!("Session {rep}. {AGENT_SYSTEM}");
+        let mut history = vec![serde_json::json!({"role": "system", "content": system})];
+        let (mut ttft_with, mut ttft_without) = (0.0, 0.0);
+        for t in 0..12 {
+            history.push(agent_message(t));
+            let off = timed(&engine, &turn_request(&history, false)).1;
+            let on = timed(&engine, &turn_request(&history, true)).1;
+            assert_eq!(on.tokens, off.tokens, "resumed replies equal fresh ones");
+            ttft_with += on.prefill_time.as_secs_f64();
+            ttft_without += off.prefill_time.as_secs_f64();
+            prompt_tokens = on.prompt_tokens;
+            history.push(serde_json::json!({"role": "assistant", "content": on.text}));
+        }
+        with.push(ttft_with);
+        without.push(ttft_without);
+    }
+    // Cold prompts (nothing to reuse): retention on against off.
+    let (mut cold_on, mut cold_off) = (Vec::new(), Vec::new());
+    for rep in 0..3 * reps {
+        let history = [
+            serde_json::json!({"role": "system", "content": format!("Cold {rep}. {AGENT_SYSTEM}")}),
+            agent_message(0),
+        ];
+        let on = timed(&engine, &turn_request(&history, true)).1;
+        let mut fresh = history.clone();
+        fresh[0] = serde_json::json!({"role": "system", "content": format!("Cold {rep}b. {AGENT_SYSTEM}")});
+        let off = timed(&engine, &turn_request(&fresh, false)).1;
+        cold_on.push(on.prefill_time.as_secs_f64());
+        cold_off.push(off.prefill_time.as_secs_f64());
+    }
+    let (w, wo) = (median(with), median(without));
+    println!(
+        "\nagent session ({}; 12 turns, last prompt {prompt_tokens} tokens, 32-token replies)",
+        path.file_name().unwrap().to_string_lossy()
+    );
+    println!(
+        "  TTFT sum: {w:.2} s with retained prompts, {wo:.2} s without: {:.2}x",
+        w / wo
+    );
+    let (a, b) = (median(cold_on), median(cold_off));
+    println!(
+        "  cold prompt TTFT: {:.1} ms retaining, {:.1} ms not: cost {:+.1}%",
+        a * 1e3,
+        b * 1e3,
+        100.0 * (a / b - 1.0)
+    );
+}
+
 fn main() {
     let qwen = std::env::args().any(|a| a == "--qwen");
+    // `--concurrency` / `--agent`: only those cells.
+    let only = |flag: &str| std::env::args().any(|a| a == flag);
+    if only("--concurrency") || only("--agent") {
+        let reps = std::env::var("BENCH_REPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3);
+        let smol = models_dir().join("smollm2-135m-instruct-q4_1.gguf");
+        if only("--concurrency") {
+            concurrency_cells(&smol, reps);
+            agent_cells(&smol, reps);
+        }
+        if only("--agent") {
+            agent_cells(&smol, reps);
+        }
+        return;
+    }
     // `--rounds`: only the decode and round-cost cells (a quick kernel check).
     let rounds_only = std::env::args().any(|a| a == "--rounds");
     let reps: usize = std::env::var("BENCH_REPS")
@@ -175,6 +349,7 @@ fn main() {
         return;
     }
     paired_cells("smollm2-135m", &smol, None, reps);
+    concurrency_cells(&smol, reps);
     let (q05, q15) = (
         m.join("qwen2.5-coder-0.5b-instruct.gguf"),
         m.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),

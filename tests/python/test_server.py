@@ -30,7 +30,18 @@ def test_chat_answers_paris(client):
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens > 0 and r.usage.completion_tokens > 0
-    assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_follow_up_turns_reuse_the_conversation(client):
+    first = chat(client, temperature=0, messages=[{"role": "user", "content": "Name a large city in Italy."}])
+    turn = [{"role": "user", "content": "Name a large city in Italy."},
+            {"role": "assistant", "content": first.choices[0].message.content},
+            {"role": "user", "content": "And one in Spain?"}]
+    resumed = chat(client, temperature=0.7, seed=4, messages=turn)
+    fresh = chat(client, temperature=0.7, seed=4, messages=turn, extra_body={"cache_prompt": False})
+    assert resumed.usage.prompt_tokens_details.cached_tokens > 0
+    assert fresh.usage.prompt_tokens_details.cached_tokens == 0
+    assert resumed.choices[0].message.content == fresh.choices[0].message.content
 
 
 def test_stream_equals_non_stream(client):

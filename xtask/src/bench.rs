@@ -7,9 +7,22 @@ pub struct BenchArgs {
     /// Also run the Qwen2.5-Coder pair (fetched with `cargo xtask models --all`).
     #[arg(long)]
     pub qwen: bool,
+    /// Only the concurrency cells (1 to 16 streams).
+    #[arg(long)]
+    pub concurrency: bool,
+    /// Only the agent-session cells (12 turns, retained prompts against none).
+    #[arg(long)]
+    pub agent: bool,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     crate::fetch(args.qwen)?;
-    crate::harness("bench", args.qwen.then_some("--qwen"))
+    let flag = if args.concurrency {
+        Some("--concurrency")
+    } else if args.agent {
+        Some("--agent")
+    } else {
+        args.qwen.then_some("--qwen")
+    };
+    crate::harness("bench", flag)
 }

@@ -3,10 +3,10 @@
 //! when its whole cache fits the memory budget next to the others'.
 
 use crate::engine::{Completion, Engine, EngineError, Prepared};
-use crate::reply::{OnText, Reply};
+use crate::reply::{OnText, Outcome, Reply};
 use std::collections::HashMap;
 use tensorfold_kv::KvCache;
-use tensorfold_scheduler::{Scheduler, StreamId};
+use tensorfold_scheduler::{Finished, Scheduler, StreamId};
 
 /// Streams in flight on one engine.
 pub struct Batch<'e> {
@@ -14,6 +14,8 @@ pub struct Batch<'e> {
     scheduler: Scheduler<Reply<'e>>,
     /// Cache bytes each live stream reserved at admission.
     reserved: HashMap<StreamId, usize>,
+    /// Prompt tokens each live stream took from a retained state.
+    cached_tokens: HashMap<StreamId, usize>,
 }
 
 impl<'e> Batch<'e> {
@@ -22,6 +24,7 @@ impl<'e> Batch<'e> {
             engine,
             scheduler: Scheduler::new(engine.decode_share()),
             reserved: HashMap::new(),
+            cached_tokens: HashMap::new(),
         }
     }
 
@@ -49,7 +52,8 @@ impl<'e> Batch<'e> {
     }
 
     /// Whether `prepared` can start now: a stream slot is free and its
-    /// cache fits the budget next to the live streams'.
+    /// cache fits the budget next to the live streams' (retained prompt
+    /// states give way to it).
     pub fn fits(&self, prepared: &Prepared) -> bool {
         self.len() < self.engine.max_streams()
             && self.reserved_bytes() + prepared.cache_bytes <= self.engine.memory().for_caches()
@@ -77,12 +81,26 @@ impl<'e> Batch<'e> {
         } else {
             None
         };
-        let shape = engine.bundle().model.config.kv_shape();
-        let cache = KvCache::with_capacity(shape, tokens.len() + budget);
+        let caches = engine.memory().for_caches();
+        let reused = {
+            let mut retained = engine.prefix_cache();
+            retained.shrink_to(caches - self.reserved_bytes() - cache_bytes);
+            if request.cache_prompt {
+                retained.lookup(&tokens, tokens.len() + budget)
+            } else {
+                None
+            }
+        };
+        let cache = reused.unwrap_or_else(|| {
+            let shape = engine.bundle().model.config.kv_shape();
+            KvCache::with_capacity(shape, tokens.len() + budget)
+        });
+        let cached_tokens = cache.len().min(tokens.len() - 1);
         let on_text: OnText<'e> = Box::new(on_text);
         let reply = Reply::new(engine, request, &tokens, budget, on_text);
         let id = self.scheduler.admit(reply, tokens, budget, drafter, cache);
         self.reserved.insert(id, cache_bytes);
+        self.cached_tokens.insert(id, cached_tokens);
         Ok(id)
     }
 
@@ -92,14 +110,36 @@ impl<'e> Batch<'e> {
     }
 
     /// One round for every live stream; returns the streams that finished,
-    /// whose memory is free again.
+    /// whose memory is free again (their states retained for reuse, within
+    /// the budget, unless the request said `cache_prompt: false`).
     pub fn step(&mut self) -> Vec<(StreamId, Completion)> {
         let done = self.scheduler.round(&self.engine.bundle().model);
-        done.into_iter()
-            .map(|f| {
-                self.reserved.remove(&f.id);
-                (f.id, Reply::complete(f))
-            })
-            .collect()
+        done.into_iter().map(|f| self.finish(f)).collect()
+    }
+
+    fn finish(&mut self, f: Finished<Reply<'e>>) -> (StreamId, Completion) {
+        let Finished {
+            id,
+            client,
+            cancelled,
+            draft,
+            prefill_time,
+            decode_time,
+            cache,
+            tokens,
+        } = f;
+        self.reserved.remove(&id);
+        let outcome = Outcome {
+            cancelled,
+            draft,
+            prefill_time,
+            decode_time,
+            cached_tokens: self.cached_tokens.remove(&id).unwrap_or(0),
+        };
+        if client.caches_prompt() {
+            let room = self.engine.memory().for_caches() - self.reserved_bytes();
+            self.engine.prefix_cache().insert(tokens, cache, room);
+        }
+        (id, client.complete(&outcome))
     }
 }

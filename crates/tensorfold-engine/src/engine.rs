@@ -1,12 +1,13 @@
 //! Loading, prompt preparation and serial generation.
 
 use crate::batch::Batch;
+use crate::prefix::PrefixCache;
 use crate::sampling::SamplingParams;
 use crate::template::ChatTemplate;
 use serde::Serialize;
 use serde_json::Value as Json;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tensorfold_models::{Bundle, Model, ModelConfig, ModelError};
 use tensorfold_scheduler::memory::{self, BudgetError, MemoryBudget};
@@ -85,6 +86,8 @@ pub struct GenerateRequest {
     pub draft: bool,
     /// Return the log-probability of each token and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Reuse retained prompt states and retain this one (`false`: neither).
+    pub cache_prompt: bool,
 }
 
 impl GenerateRequest {
@@ -97,6 +100,7 @@ impl GenerateRequest {
             ignore_eos: false,
             draft: true,
             logprobs: None,
+            cache_prompt: true,
         }
     }
 }
@@ -127,6 +131,8 @@ pub struct Completion {
     pub text: String,
     pub tokens: Vec<u32>,
     pub prompt_tokens: usize,
+    /// Prompt tokens taken from a retained state instead of prefilled.
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub finish_reason: FinishReason,
     #[serde(skip)]
@@ -165,6 +171,9 @@ impl std::str::FromStr for Parallel {
     }
 }
 
+/// Retained prompt states kept at most, unless set.
+pub const DEFAULT_CHECKPOINT_SLOTS: usize = 32;
+
 /// Default share of a round's rows kept by decoding replies while prompts prefill.
 pub const DEFAULT_DECODE_SHARE: f64 = 0.5;
 
@@ -184,6 +193,10 @@ pub struct Engine {
     loaded_resident: usize,
     memory: MemoryBudget,
     window: usize,
+    /// Retained prompt states; `None` limit: all cache memory not reserved.
+    prefix: Mutex<PrefixCache>,
+    prompt_cache_limit: Option<usize>,
+    checkpoint_slots: usize,
 }
 
 impl Engine {
@@ -219,6 +232,9 @@ impl Engine {
                 per_position: 0,
             },
             window: 0,
+            prefix: Mutex::new(PrefixCache::new(0, DEFAULT_CHECKPOINT_SLOTS)),
+            prompt_cache_limit: None,
+            checkpoint_slots: DEFAULT_CHECKPOINT_SLOTS,
         };
         engine.size_memory()?;
         Ok(engine)
@@ -245,6 +261,12 @@ impl Engine {
         let window = memory.window(self.asked_context, config.max_positions)?;
         self.memory = memory;
         self.window = window;
+        let retained = self
+            .prompt_cache_limit
+            .unwrap_or(usize::MAX)
+            .min(memory.for_caches());
+        self.prefix_cache()
+            .set_limits(retained, self.checkpoint_slots);
         Ok(())
     }
 
@@ -277,6 +299,26 @@ impl Engine {
             return Err(e);
         }
         Ok(self.window)
+    }
+
+    /// Limits retained prompt states: at most `bytes` (`None`: whatever
+    /// cache memory the live streams leave) in at most `slots` states
+    /// (0 turns retention off).
+    pub fn set_prompt_cache(&mut self, bytes: Option<usize>, slots: usize) {
+        self.prompt_cache_limit = bytes;
+        self.checkpoint_slots = slots;
+        let limit = bytes.unwrap_or(usize::MAX).min(self.memory.for_caches());
+        self.prefix_cache().set_limits(limit, slots);
+    }
+
+    /// Bytes of retained prompt states.
+    pub fn prompt_cache_bytes(&self) -> usize {
+        self.prefix_cache().bytes()
+    }
+
+    pub(crate) fn prefix_cache(&self) -> std::sync::MutexGuard<'_, PrefixCache> {
+        // A panic elsewhere cannot leave the entries half-written.
+        self.prefix.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn set_parallel(&mut self, parallel: Parallel) -> Result<(), EngineError> {

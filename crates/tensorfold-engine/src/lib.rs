@@ -14,6 +14,7 @@
 
 mod batch;
 mod engine;
+mod prefix;
 mod reply;
 mod sampling;
 mod template;
@@ -22,8 +23,10 @@ mod text;
 pub use batch::Batch;
 pub use engine::{
     Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Parallel,
-    Prepared, Prompt, TokenLogprob, AUTO_MAX_STREAMS, DEFAULT_DECODE_SHARE,
+    Prepared, Prompt, TokenLogprob, AUTO_MAX_STREAMS, DEFAULT_CHECKPOINT_SLOTS,
+    DEFAULT_DECODE_SHARE,
 };
+pub use prefix::MIN_REUSE;
 pub use reply::OnText;
 pub use sampling::{argmax, prompt_seed, Pick, Sampler, SamplingParams};
 pub use template::ChatTemplate;

@@ -4,7 +4,18 @@
 use crate::engine::{Completion, Engine, FinishReason, GenerateRequest, TokenLogprob};
 use crate::sampling::Sampler;
 use crate::text::TextStream;
-use tensorfold_scheduler::{Client, Finished};
+use std::time::Duration;
+use tensorfold_scheduler::Client;
+use tensorfold_spec::DraftStats;
+
+/// How a stream went, as the scheduler reports it.
+pub(crate) struct Outcome {
+    pub cancelled: bool,
+    pub draft: DraftStats,
+    pub prefill_time: Duration,
+    pub decode_time: Duration,
+    pub cached_tokens: usize,
+}
 
 /// Receives each text delta; returns `false` to cancel.
 pub type OnText<'a> = Box<dyn FnMut(&str) -> bool + 'a>;
@@ -44,9 +55,14 @@ impl<'a> Reply<'a> {
         }
     }
 
+    /// Whether the request lets its state be retained and reused.
+    pub(crate) fn caches_prompt(&self) -> bool {
+        self.req.cache_prompt
+    }
+
     /// The completion of a stream that left the scheduler.
-    pub(crate) fn complete(done: Finished<Reply<'a>>) -> Completion {
-        let mut reply = done.client;
+    pub(crate) fn complete(self, done: &Outcome) -> Completion {
+        let mut reply = self;
         let finish = match reply.finish {
             _ if done.cancelled => FinishReason::Cancelled,
             Some(f) => f,
@@ -63,6 +79,7 @@ impl<'a> Reply<'a> {
             completion_tokens: reply.tokens.len(),
             tokens: reply.tokens,
             prompt_tokens: reply.prompt_tokens,
+            cached_tokens: done.cached_tokens,
             finish_reason: finish,
             draft: done.draft,
             logprobs: reply.logprobs,

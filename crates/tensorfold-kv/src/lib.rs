@@ -108,6 +108,27 @@ impl KvCache {
         self.len = len;
     }
 
+    /// A new cache holding this one's first `len` positions, with room for
+    /// `capacity` positions: a retained prefix handed to a new sequence.
+    pub fn clone_prefix(&self, len: usize, capacity: usize) -> KvCache {
+        let len = len.min(self.len);
+        let mut c = KvCache::with_capacity(self.shape, capacity.max(len));
+        let n = len * self.shape.width;
+        for l in 0..self.shape.layers {
+            c.keys[l].extend_from_slice(&self.keys[l][..n]);
+            c.values[l].extend_from_slice(&self.values[l][..n]);
+        }
+        c.len = len;
+        c
+    }
+
+    /// Releases room beyond the stored positions (a cache kept for reuse).
+    pub fn shrink_to_fit(&mut self) {
+        for v in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            v.shrink_to_fit();
+        }
+    }
+
     /// Bytes held by stored positions.
     pub fn bytes(&self) -> usize {
         self.len * self.shape.bytes_per_position()
@@ -151,5 +172,11 @@ mod tests {
             assert_eq!(a.values(l), b.values(l));
         }
         assert_eq!(a.bytes(), shape.bytes_per_position());
+        let c = a.clone_prefix(1, 8);
+        assert_eq!(
+            (c.len(), c.keys(1), c.values(0)),
+            (1, b.keys(1), b.values(0))
+        );
+        assert!(c.allocated_bytes() >= 8 * shape.bytes_per_position());
     }
 }

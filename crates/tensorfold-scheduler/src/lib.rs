@@ -84,6 +84,11 @@ pub struct Finished<C> {
     pub prefill_time: Duration,
     /// First token to the last.
     pub decode_time: Duration,
+    /// The stream's cache, and the tokens whose keys and values it holds
+    /// (prompt and reply, as far as they were computed): a prefix any later
+    /// prompt that starts with these tokens may reuse.
+    pub cache: KvCache,
+    pub tokens: Vec<u32>,
 }
 
 struct Stream<C> {
@@ -297,7 +302,11 @@ impl<C: Client> Scheduler<C> {
         let mut i = 0;
         while i < self.streams.len() {
             if ended(&self.streams[i]) {
-                let s = self.streams.remove(i);
+                let mut s = self.streams.remove(i);
+                // Positions past the context hold drafts after a reply's
+                // last token (or a token never accepted): drop them.
+                s.cache.truncate(s.context.len());
+                s.context.truncate(s.cache.len());
                 let now = Instant::now();
                 let first = s.first_token.unwrap_or(now);
                 done.push(Finished {
@@ -307,6 +316,8 @@ impl<C: Client> Scheduler<C> {
                     draft: s.draft,
                     prefill_time: first - s.admitted,
                     decode_time: now - first,
+                    cache: s.cache,
+                    tokens: s.context,
                 });
             } else {
                 i += 1;

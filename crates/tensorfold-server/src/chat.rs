@@ -437,7 +437,7 @@ pub async fn responses(State(s): State<Shared>, body: Bytes) -> Response {
             "usage": {
                 "input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens,
                 "total_tokens": c.prompt_tokens + c.completion_tokens,
-                "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0},
+                "input_tokens_details": {"cached_tokens": c.cached_tokens}, "output_tokens_details": {"reasoning_tokens": 0},
             },
         }))
         .into_response())

@@ -150,6 +150,7 @@ pub fn generate_request(
     req.stop = stop;
     req.ignore_eos = flag(body, "ignore_eos", false)?;
     req.draft = flag(body, "draft", true)?;
+    req.cache_prompt = flag(body, "cache_prompt", true)?;
     req.logprobs = logprobs;
     let stream = flag(body, "stream", false)?;
     let include_usage = body
@@ -195,7 +196,7 @@ pub fn usage(c: &Completion) -> Value {
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
         "total_tokens": c.prompt_tokens + c.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": c.cached_tokens},
         "completion_tokens_details": {"draft_tokens": c.draft.drafted, "accepted_draft_tokens": c.draft.accepted},
     })
 }

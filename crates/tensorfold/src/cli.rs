@@ -101,6 +101,13 @@ pub struct ServeArgs {
     /// in the memory budget (70% of RAM, or TENSORFOLD_MEMORY_LIMIT_GB).
     #[arg(long)]
     pub context: Option<usize>,
+    /// GiB of retained prompt states for resuming conversations; default:
+    /// whatever cache memory running streams leave free.
+    #[arg(long)]
+    pub prompt_cache_gib: Option<f64>,
+    /// Most retained prompt states (0 turns retention off).
+    #[arg(long, default_value_t = tensorfold_engine::DEFAULT_CHECKPOINT_SLOTS)]
+    pub checkpoint_slots: usize,
 }
 
 /// Sampling flags shared by commands that generate.

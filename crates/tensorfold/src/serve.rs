@@ -31,6 +31,16 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     engine.set_parallel(args.parallel)?;
     engine.set_decode_share(args.decode_share)?;
     engine.set_context(args.context)?;
+    if let Some(g) = args.prompt_cache_gib {
+        anyhow::ensure!(
+            g >= 0.0 && g.is_finite(),
+            "--prompt-cache-gib takes a non-negative number"
+        );
+    }
+    let retained = args
+        .prompt_cache_gib
+        .map(|g| (g * (1u64 << 30) as f64) as usize);
+    engine.set_prompt_cache(retained, args.checkpoint_slots);
     let memory = engine.memory();
     let per_stream = tensorfold_engine::memory::Bytes(memory.stream_bytes(engine.window()));
     eprintln!(

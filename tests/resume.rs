@@ -1,0 +1,155 @@
+//! Resume: a follow-up turn reuses the retained state of the conversation
+//! so far and prefills only what is new; its reply equals the same prompt
+//! served fresh, byte for byte (greedy and sampled, drafted, concurrent).
+
+use serde_json::json;
+use tensorfold_engine::{Completion, Engine, GenerateRequest, Prompt, SamplingParams, MIN_REUSE};
+use tensorfold_models::synth::SynthSpec;
+use tensorfold_models::{Arch, Format};
+use tensorfold_tests::{registry_model, synth_model};
+
+fn chat(messages: &[serde_json::Value], i: usize, max_tokens: usize) -> GenerateRequest {
+    let mut r = GenerateRequest::new(Prompt::Chat {
+        messages: messages.to_vec(),
+        template_vars: Default::default(),
+    });
+    r.max_tokens = max_tokens;
+    r.sampling = if i % 2 == 0 {
+        SamplingParams::greedy()
+    } else {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: Some(40),
+            top_p: 0.95,
+            min_p: 0.0,
+            seed: Some(i as u64),
+        }
+    };
+    r
+}
+
+fn fresh(engine: &Engine, req: &GenerateRequest) -> Completion {
+    let mut r = req.clone();
+    r.cache_prompt = false;
+    r.draft = false;
+    let out = engine.generate(&r, &mut |_| true).unwrap();
+    assert_eq!(out.cached_tokens, 0);
+    out
+}
+
+/// `conversations` chats of `turns` turns, their turns served together in
+/// one batch each round of the conversation; every resumed turn equals its
+/// fresh reference, and every follow-up turn reused the conversation.
+fn conversations(engine: &Engine, conversations: usize, turns: usize, max_tokens: usize) {
+    let system = json!({"role": "system", "content": "You are a helpful assistant. Answer briefly and precisely, and use tools when asked."});
+    let mut histories: Vec<Vec<serde_json::Value>> = (0..conversations)
+        .map(|c| {
+            vec![
+                system.clone(),
+                json!({"role": "user", "content": format!("Question {c}: what is {c} plus {c}?")}),
+            ]
+        })
+        .collect();
+    for turn in 0..turns {
+        let requests: Vec<GenerateRequest> = histories
+            .iter()
+            .enumerate()
+            .map(|(c, h)| chat(h, c + turn, max_tokens))
+            .collect();
+        let mut batch = engine.batch();
+        let mut ids = Vec::new();
+        for r in &requests {
+            ids.push(
+                batch
+                    .admit(engine.prepare(r.clone()).unwrap(), |_: &str| true)
+                    .unwrap(),
+            );
+        }
+        let mut outs = vec![None; requests.len()];
+        while !batch.is_empty() {
+            for (id, done) in batch.step() {
+                outs[ids.iter().position(|&x| x == id).unwrap()] = Some(done);
+            }
+        }
+        for (c, (req, out)) in requests.iter().zip(outs).enumerate() {
+            let out = out.unwrap();
+            let want = fresh(engine, req);
+            assert_eq!(out.tokens, want.tokens, "conversation {c}, turn {turn}");
+            assert_eq!(out.text, want.text, "conversation {c}, turn {turn}");
+            if turn > 0 {
+                assert!(
+                    out.cached_tokens >= MIN_REUSE,
+                    "conversation {c}, turn {turn}: reused {} tokens",
+                    out.cached_tokens
+                );
+            }
+            histories[c].push(json!({"role": "assistant", "content": out.text}));
+            histories[c].push(
+                json!({"role": "user", "content": format!("Now tell me more about turn {turn}.")}),
+            );
+        }
+    }
+}
+
+#[test]
+fn resumed_turns_equal_fresh_ones_on_a_tiny_model() {
+    let path = synth_model(
+        "resume-tiny",
+        &SynthSpec::tiny(Arch::Qwen3, Format::Q8_0, 31),
+        true,
+    );
+    let engine = Engine::load(&path).unwrap();
+    conversations(&engine, 6, 4, 24);
+}
+
+#[test]
+fn resumed_turns_equal_fresh_ones_on_smollm2() {
+    let Some(path) = registry_model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let engine = Engine::load(&path).unwrap();
+    conversations(&engine, 4, 3, 12);
+}
+
+#[test]
+fn a_shared_system_prompt_is_reused_across_conversations() {
+    let path = synth_model(
+        "resume-shared",
+        &SynthSpec::tiny(Arch::Llama, Format::F16, 8),
+        false,
+    );
+    let engine = Engine::load(&path).unwrap();
+    let system = json!({"role": "system", "content": "A long shared system prompt that many conversations start with."});
+    let first = chat(
+        &[system.clone(), json!({"role": "user", "content": "hi"})],
+        0,
+        4,
+    );
+    let other = chat(
+        &[system, json!({"role": "user", "content": "hello there"})],
+        1,
+        8,
+    );
+    engine.generate(&first, &mut |_| true).unwrap();
+    let out = engine.generate(&other, &mut |_| true).unwrap();
+    assert!(out.cached_tokens >= MIN_REUSE, "{}", out.cached_tokens);
+    assert_eq!(out.tokens, fresh(&engine, &other).tokens);
+    // cache_prompt: false neither reuses nor retains.
+    let mut off = other.clone();
+    off.cache_prompt = false;
+    assert_eq!(
+        engine.generate(&off, &mut |_| true).unwrap().cached_tokens,
+        0
+    );
+    // Retention can be turned off.
+    let mut engine = engine;
+    engine.set_prompt_cache(None, 0);
+    assert_eq!(engine.prompt_cache_bytes(), 0);
+    assert_eq!(
+        engine
+            .generate(&other, &mut |_| true)
+            .unwrap()
+            .cached_tokens,
+        0
+    );
+}
