@@ -14,7 +14,7 @@ fn chat(messages: &[serde_json::Value], i: usize, max_tokens: usize) -> Generate
         template_vars: Default::default(),
     });
     r.max_tokens = max_tokens;
-    r.sampling = if i % 2 == 0 {
+    r.sampling = if i.is_multiple_of(2) {
         SamplingParams::greedy()
     } else {
         SamplingParams {
