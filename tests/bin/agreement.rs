@@ -9,7 +9,7 @@
 use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt};
 use tensorfold_kv::KvCache;
 use tensorfold_models::mlx::{self, MlxQuantization, QuantizeOptions};
-use tensorfold_models::{Affine, Logits, ScaleDtype};
+use tensorfold_models::{Affine, Logits, QuantRule, ScaleDtype};
 
 const TEXT: &str = "The history of the bicycle begins in the early nineteenth century. \
     In 1817 Karl Drais built a two-wheeled running machine that riders pushed along with \
@@ -81,9 +81,13 @@ fn main() {
         (2, 32, Some(8)),
     ];
 
-    for &(bits, group, embed) in settings {
+    let rules = [(QuantRule::Search, "search"), (QuantRule::Mlx, "mlx")];
+    for (&(bits, group, embed), &(rule, rule_name)) in settings
+        .iter()
+        .flat_map(|s| rules.iter().map(move |r| (s, r)))
+    {
         let mut q = MlxQuantization::uniform(Affine::new(bits, group).unwrap());
-        let mut name = format!("{bits}-bit g{group}");
+        let mut name = format!("{bits}-bit g{group} {rule_name}");
         if let Some(e) = embed {
             q.overrides.insert(
                 "model.embed_tokens".into(),
@@ -94,6 +98,7 @@ fn main() {
         let opts = QuantizeOptions {
             quantization: q,
             scales: ScaleDtype::F16,
+            rule,
         };
         let _ = std::fs::remove_dir_all(&dir);
         mlx::write(&source, &opts, &dir).expect("writes");

@@ -117,6 +117,7 @@ fn tiny_affine() -> PathBuf {
         let opts = QuantizeOptions {
             quantization,
             scales: ScaleDtype::Bf16,
+            rule: tensorfold_models::QuantRule::Search,
         };
         synth::write_mlx(&dir, &spec, &opts).expect("affine fixture");
     }

@@ -32,7 +32,7 @@ pub use decoder::{Block, Logits, Model, Seq};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;
-pub use tensorfold_quant::{Affine, Encoding, Format, ScaleDtype};
+pub use tensorfold_quant::{Affine, Encoding, Format, QuantRule, ScaleDtype};
 
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -126,6 +126,8 @@ pub struct QuantizeOptions {
     pub quantization: MlxQuantization,
     /// Dtype of scales and biases.
     pub scales: ScaleDtype,
+    /// How each group's scale and bias are chosen.
+    pub rule: tensorfold_quant::QuantRule,
 }
 
 fn st_dtype(d: ScaleDtype) -> Dtype {
@@ -213,7 +215,8 @@ pub fn write(bundle: &Bundle, opts: &QuantizeOptions, dir: &Path) -> Result<()> 
         }
         match opts.quantization.for_module(module) {
             Some(spec) => {
-                let q = AffineBlocks::quantize(spec, opts.scales, rows, cols, &values)?;
+                let q =
+                    AffineBlocks::quantize_with(opts.rule, spec, opts.scales, rows, cols, &values)?;
                 let groups = vec![rows, cols / spec.group()];
                 let d = st_dtype(opts.scales);
                 out.push((
@@ -438,6 +441,7 @@ mod tests {
             let opts = QuantizeOptions {
                 quantization: quant,
                 scales: ScaleDtype::F16,
+                rule: Default::default(),
             };
             let dir = tmp(&format!("q{bits}"));
             synth::write_mlx(&dir, &spec, &opts).unwrap();

@@ -26,9 +26,27 @@
 //!   values were chosen with the unrounded f32 pair, as MLX does).
 //!
 //! Decoding computes `scale * q + bias` in f32, element by element.
+//!
+//! [`QuantRule::Search`] is an alternative that keeps the layout: per group
+//! it takes, of MLX's pair and the pairs `scale = (hi - lo) / m`,
+//! `bias = lo` for every `m` from `n` down to `3n/4`, the one whose decoded
+//! group (with the dtype-rounded pair) has the least squared error, the
+//! earliest candidate on ties. A source already on a coarser grid (a GGUF
+//! 4-bit block of 32 is `lo + d * k`, `k < 16`) is then reproduced exactly
+//! whenever a multiple of its step fits, as at 5 and 6 bits.
 
 use crate::QuantError;
 use half::{bf16, f16};
+
+/// How quantization picks each group's scale and bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuantRule {
+    /// MLX's `affine_quantize`: the checkpoint MLX would write.
+    #[default]
+    Mlx,
+    /// The least squared error over a fixed set of candidates (module docs).
+    Search,
+}
 
 /// Bit widths MLX affine quantization defines.
 pub const AFFINE_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
@@ -195,9 +213,21 @@ impl AffineBlocks {
         })
     }
 
-    /// Quantizes `rows x cols` f32 values (row-major) by the rule in the
-    /// module docs.
+    /// Quantizes `rows x cols` f32 values (row-major) by MLX's rule (module
+    /// docs).
     pub fn quantize(
+        spec: Affine,
+        dtype: ScaleDtype,
+        rows: usize,
+        cols: usize,
+        values: &[f32],
+    ) -> Result<AffineBlocks, QuantError> {
+        Self::quantize_with(QuantRule::Mlx, spec, dtype, rows, cols, values)
+    }
+
+    /// Quantizes by `rule`.
+    pub fn quantize_with(
+        rule: QuantRule,
         spec: Affine,
         dtype: ScaleDtype,
         rows: usize,
@@ -215,7 +245,10 @@ impl AffineBlocks {
         let (mut scales, mut biases) = (Vec::with_capacity(groups), Vec::with_capacity(groups));
         let mut q = Vec::with_capacity(values.len());
         for g in values.chunks_exact(spec.group) {
-            let (s, b) = quantize_group(g, spec.bits, dtype, &mut q);
+            let (s, b) = match rule {
+                QuantRule::Mlx => quantize_group(g, spec.bits, dtype, &mut q),
+                QuantRule::Search => search_group(g, spec.bits, dtype, &mut q),
+            };
             scales.push(s);
             biases.push(b);
         }
@@ -341,6 +374,55 @@ fn quantize_group(w: &[f32], bits: u32, dtype: ScaleDtype, q: &mut Vec<u32>) -> 
             .map(|&v| ((v - bias) / scale).round_ties_even().max(0.0).min(n_bins) as u32),
     );
     (dtype.round(scale), dtype.round(bias))
+}
+
+/// Of MLX's pair and the min/max pairs over `m` levels (`3n/4 <= m <= n`),
+/// the one with the least squared error once decoded (module docs).
+fn search_group(w: &[f32], bits: u32, dtype: ScaleDtype, q: &mut Vec<u32>) -> (f32, f32) {
+    let n = (1u32 << bits) - 1;
+    let mut best_q = Vec::with_capacity(w.len());
+    let mut best = quantize_group(w, bits, dtype, &mut best_q);
+    let mut best_err = group_error(w, &best_q, best);
+    let (mut lo, mut hi) = (f32::INFINITY, f32::NEG_INFINITY);
+    for &v in w {
+        lo = lo.min(v);
+        hi = hi.max(v);
+    }
+    if hi > lo {
+        let mut cand = Vec::with_capacity(w.len());
+        for m in (n - n / 4..=n).rev() {
+            let scale = (hi - lo) / m as f32;
+            cand.clear();
+            cand.extend(
+                w.iter()
+                    .map(|&v| ((v - lo) / scale).round_ties_even().max(0.0).min(n as f32) as u32),
+            );
+            let pair = (dtype.round(scale), dtype.round(lo));
+            let err = group_error(w, &cand, pair);
+            if err < best_err {
+                (best, best_err) = (pair, err);
+                std::mem::swap(&mut best_q, &mut cand);
+            }
+        }
+    }
+    q.extend_from_slice(&best_q);
+    best
+}
+
+/// Squared error of a group decoded from `q` with `(scale, bias)`; NaN
+/// weights count as zero error.
+fn group_error(w: &[f32], q: &[u32], (scale, bias): (f32, f32)) -> f64 {
+    w.iter()
+        .zip(q)
+        .map(|(&v, &k)| {
+            let d = (scale * k as f32 + bias - v) as f64;
+            if d.is_nan() {
+                0.0
+            } else {
+                d * d
+            }
+        })
+        .sum()
 }
 
 /// Packs values of `bits` bits into the little-endian bit stream; the
@@ -571,6 +653,41 @@ mod tests {
         assert!(
             AffineBlocks::quantize(Affine::new(2, 32).unwrap(), ScaleDtype::F16, 1, 32, &z).is_ok()
         );
+    }
+
+    #[test]
+    fn search_is_never_worse_than_mlx_and_recovers_a_coarser_grid() {
+        let spec = |b| Affine::new(b, 32).unwrap();
+        for bits in AFFINE_BITS {
+            let w = values(32 * 64, bits as u64);
+            let err = |rule| {
+                let q = AffineBlocks::quantize_with(rule, spec(bits), ScaleDtype::F32, 64, 32, &w)
+                    .unwrap();
+                let mut out = vec![0.0; 32 * 64];
+                for (r, row) in out.chunks_exact_mut(32).enumerate() {
+                    q.dequantize_row(r, row);
+                }
+                let d: f64 = out
+                    .iter()
+                    .zip(&w)
+                    .map(|(a, b)| ((a - b) as f64).powi(2))
+                    .sum();
+                d
+            };
+            assert!(err(QuantRule::Search) <= err(QuantRule::Mlx), "{bits} bits");
+        }
+        // Values on a 16-level grid (a GGUF 4-bit block) come back exactly at 6 bits.
+        let grid: Vec<f32> = (0..32)
+            .map(|i| -0.3 + 0.05 * ((i * 7) % 16) as f32)
+            .collect();
+        let q =
+            AffineBlocks::quantize_with(QuantRule::Search, spec(6), ScaleDtype::F32, 1, 32, &grid)
+                .unwrap();
+        let mut out = vec![0.0; 32];
+        q.dequantize_row(0, &mut out);
+        for (a, b) in out.iter().zip(&grid) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
     }
 
     #[test]

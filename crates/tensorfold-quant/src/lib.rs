@@ -14,7 +14,9 @@ mod dot;
 mod ggml;
 mod matrix;
 
-pub use affine::{pack, unpack, Affine, AffineBlocks, ScaleDtype, AFFINE_BITS, AFFINE_GROUPS};
+pub use affine::{
+    pack, unpack, Affine, AffineBlocks, QuantRule, ScaleDtype, AFFINE_BITS, AFFINE_GROUPS,
+};
 pub use dot::{dot, dot_portable, sum_squares};
 pub use ggml::GgmlBlocks;
 pub use matrix::{Matrix, Storage};

@@ -58,6 +58,10 @@ pub struct QuantizeArgs {
     /// Dtype of scales and biases: f16, bf16 or f32.
     #[arg(long, default_value = "f16")]
     pub scale_dtype: String,
+    /// How each group's scale and bias are chosen: `search` (least squared
+    /// error over a fixed candidate set) or `mlx` (what MLX would write).
+    #[arg(long, default_value = "search")]
+    pub rule: String,
     /// Output directory (created; existing files are replaced).
     #[arg(long)]
     pub out: PathBuf,

@@ -3,7 +3,7 @@
 use crate::cli::QuantizeArgs;
 use anyhow::{bail, Context, Result};
 use tensorfold_models::mlx::{self, MlxQuantization, QuantizeOptions};
-use tensorfold_models::{Affine, ScaleDtype};
+use tensorfold_models::{Affine, QuantRule, ScaleDtype};
 
 /// The settings the flags ask for; overrides are written only where they
 /// differ from the default.
@@ -26,9 +26,15 @@ pub fn options(args: &QuantizeArgs) -> Result<QuantizeOptions> {
         "f32" => ScaleDtype::F32,
         other => bail!("--scale-dtype {other}: expected f16, bf16 or f32"),
     };
+    let rule = match args.rule.as_str() {
+        "search" => QuantRule::Search,
+        "mlx" => QuantRule::Mlx,
+        other => bail!("--rule {other}: expected search or mlx"),
+    };
     Ok(QuantizeOptions {
         quantization,
         scales,
+        rule,
     })
 }
 
