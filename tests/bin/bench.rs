@@ -9,6 +9,7 @@ use tensorfold_models::Logits;
 use tensorfold_tests::models_dir;
 
 const CODE_PROMPT: &str = "Here is a Python module:\n\n```python\nimport math\n\n\ndef circle_area(radius):\n    return math.pi * radius ** 2\n\n\ndef circle_perimeter(radius):\n    return 2 * math.pi * radius\n\n\ndef square_area(side):\n    return side * side\n```\n\nRepeat the module exactly, adding a docstring to each function.";
+const COPY_PROMPT: &str = "Here is a Python module:\n\n```python\nimport math\n\n\ndef circle_area(radius):\n    return math.pi * radius ** 2\n\n\ndef circle_perimeter(radius):\n    return 2 * math.pi * radius\n\n\ndef square_area(side):\n    return side * side\n\n\ndef square_perimeter(side):\n    return 4 * side\n```\n\nRepeat the module exactly, with `radius` renamed to `r`.";
 const CHAT_PROMPT: &str = "Give me three tips for staying focused while studying.";
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -125,7 +126,11 @@ fn paired_cells(name: &str, target: &Path, draft: Option<&Path>, reps: usize) {
         engine.set_draft_model(d).expect("draft pair");
         drafters.insert(1, ("model", DrafterChoice::Model));
     }
-    for (pname, prompt) in [("code", CODE_PROMPT), ("chat", CHAT_PROMPT)] {
+    for (pname, prompt) in [
+        ("code", CODE_PROMPT),
+        ("copy", COPY_PROMPT),
+        ("chat", CHAT_PROMPT),
+    ] {
         for sampled in [false, true] {
             for (dname, choice) in &drafters {
                 let (mut serial, mut drafted) = (Vec::new(), Vec::new());
@@ -322,7 +327,6 @@ fn main() {
         let smol = models_dir().join("smollm2-135m-instruct-q4_1.gguf");
         if only("--concurrency") {
             concurrency_cells(&smol, reps);
-            agent_cells(&smol, reps);
         }
         if only("--agent") {
             agent_cells(&smol, reps);
@@ -350,6 +354,7 @@ fn main() {
     }
     paired_cells("smollm2-135m", &smol, None, reps);
     concurrency_cells(&smol, reps);
+    agent_cells(&smol, reps);
     let (q05, q15) = (
         m.join("qwen2.5-coder-0.5b-instruct.gguf"),
         m.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
