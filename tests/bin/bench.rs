@@ -266,10 +266,13 @@ fn agent_cells(path: &Path, reps: usize) {
     };
     let (mut with, mut without) = (Vec::new(), Vec::new());
     let mut prompt_tokens = 0;
+    // Tokens of the previous turn (prompt and reply) the next one reused.
+    let (mut reused, mut offered) = (0, 0);
     for rep in 0..reps {
         let system = format!("Session {rep}. {AGENT_SYSTEM}");
         let mut history = vec![serde_json::json!({"role": "system", "content": system})];
         let (mut ttft_with, mut ttft_without) = (0.0, 0.0);
+        let mut previous = 0;
         for t in 0..12 {
             history.push(agent_message(t));
             let off = timed(&engine, &turn_request(&history, false)).1;
@@ -278,6 +281,11 @@ fn agent_cells(path: &Path, reps: usize) {
             ttft_with += on.prefill_time.as_secs_f64();
             ttft_without += off.prefill_time.as_secs_f64();
             prompt_tokens = on.prompt_tokens;
+            if t > 0 {
+                reused += on.cached_tokens;
+                offered += previous;
+            }
+            previous = on.prompt_tokens + on.completion_tokens;
             history.push(serde_json::json!({"role": "assistant", "content": on.text}));
         }
         with.push(ttft_with);
@@ -303,8 +311,9 @@ fn agent_cells(path: &Path, reps: usize) {
         path.file_name().unwrap().to_string_lossy()
     );
     println!(
-        "  TTFT sum: {w:.2} s with retained prompts, {wo:.2} s without: {:.2}x",
-        w / wo
+        "  TTFT sum: {w:.2} s with retained prompts, {wo:.2} s without: {:.2}x; follow-ups reused {:.1}% of the previous turn's prompt and reply",
+        w / wo,
+        100.0 * reused as f64 / offered.max(1) as f64
     );
     let (a, b) = (median(cold_on), median(cold_off));
     println!(
@@ -323,7 +332,7 @@ fn main() {
         let reps = std::env::var("BENCH_REPS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(3);
+            .unwrap_or(5);
         let smol = models_dir().join("smollm2-135m-instruct-q4_1.gguf");
         if only("--concurrency") {
             concurrency_cells(&smol, reps);
@@ -338,7 +347,7 @@ fn main() {
     let reps: usize = std::env::var("BENCH_REPS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(5);
     let m = models_dir();
     let smol: PathBuf = m.join("smollm2-135m-instruct-q4_1.gguf");
     let bandwidth = copy_bandwidth();

@@ -8,7 +8,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use std::sync::{Arc, Mutex};
 use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
-use tensorfold_quant::{Format, Matrix, Storage};
+use tensorfold_quant::{Encoding, Format, Matrix, Storage};
 
 static MATMUL_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/matmul.fatbin"));
 static OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
@@ -34,7 +34,10 @@ const FORMATS: [(Format, &str); 9] = [
 const TILES: [(usize, usize); 6] = [(1, 1), (2, 2), (4, 2), (8, 4), (1, 4), (2, 4)];
 const MM_WARPS: usize = 4;
 
-fn fmt_code(f: Format) -> Result<usize> {
+fn fmt_code(e: Encoding) -> Result<usize> {
+    let Encoding::Plain(f) = e else {
+        return Err(CudaError::Unsupported(format!("{e} weights")));
+    };
     FORMATS
         .iter()
         .position(|(g, _)| *g == f)
@@ -168,6 +171,8 @@ fn matrix_bytes(m: &Matrix) -> Vec<u8> {
         Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::Ggml(b) => b.as_bytes().to_vec(),
+        // `fmt_code` refuses affine weights before their bytes are asked for.
+        Storage::Affine(a) => a.packed_le_bytes(),
     }
 }
 
