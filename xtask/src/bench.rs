@@ -13,6 +13,9 @@ pub struct BenchArgs {
     /// Only the agent-session cells (12 turns, retained prompts against none).
     #[arg(long)]
     pub agent: bool,
+    /// Only the paired drafted-against-serial cells of SmolLM2.
+    #[arg(long)]
+    pub paired: bool,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -21,6 +24,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         Some("--concurrency")
     } else if args.agent {
         Some("--agent")
+    } else if args.paired {
+        Some("--paired")
     } else {
         args.qwen.then_some("--qwen")
     };
