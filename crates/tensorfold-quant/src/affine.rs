@@ -468,20 +468,9 @@ pub fn unpack(words: &[u32], bits: u32, n: usize) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::values;
     use crate::{Encoding, Matrix};
     use proptest::prelude::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
 
     fn specs() -> Vec<Affine> {
         AFFINE_BITS

@@ -14,6 +14,22 @@ mod dot;
 mod ggml;
 mod matrix;
 
+/// Deterministic pseudo-random weights in [-0.5, 0.5) for the unit tests.
+#[cfg(test)]
+mod testing {
+    pub fn values(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+}
+
 pub use affine::{
     pack, unpack, Affine, AffineBlocks, QuantRule, ScaleDtype, AFFINE_BITS, AFFINE_GROUPS,
 };

@@ -354,19 +354,8 @@ fn storage_format(storage: &Storage) -> Encoding {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::values;
     use proptest::prelude::*;
-
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect()
-    }
 
     const FORMATS: [Format; 13] = [
         Format::F32,
