@@ -157,3 +157,41 @@ fn a_shared_system_prompt_is_reused_across_conversations() {
         0
     );
 }
+
+#[test]
+fn a_changed_history_falls_back_to_the_common_prefix() {
+    let Some(path) = registry_model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let engine = Engine::load(&path).unwrap();
+    let question = json!({"role": "user", "content": "Name three colours."});
+    let first = engine
+        .generate(&chat(&[question.clone()], 0, 12), &mut |_| true)
+        .unwrap();
+    // The client sends back an edited reply: the retained tokens (the ids the
+    // engine generated) match the new prompt only up to the edit, at the
+    // reply's start.
+    let edited = format!("Well, {}", first.text);
+    let turn = [
+        question,
+        json!({"role": "assistant", "content": edited}),
+        json!({"role": "user", "content": "And three animals?"}),
+    ];
+    let req = chat(&turn, 1, 12);
+    let out = engine.generate(&req, &mut |_| true).unwrap();
+    assert!(
+        out.cached_tokens >= first.prompt_tokens,
+        "{}",
+        out.cached_tokens
+    );
+    assert!(
+        out.cached_tokens < first.prompt_tokens + first.completion_tokens / 2,
+        "reuse stops at the edit: {} of {} + {}",
+        out.cached_tokens,
+        first.prompt_tokens,
+        first.completion_tokens
+    );
+    let want = fresh(&engine, &req);
+    assert_eq!(out.tokens, want.tokens);
+    assert_eq!(out.text, want.text);
+}
