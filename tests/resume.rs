@@ -28,8 +28,16 @@ fn chat(messages: &[serde_json::Value], i: usize, max_tokens: usize) -> Generate
     r
 }
 
+/// The same prompt served fresh: the tokens the engine makes of it (with
+/// the ids it generated kept), prefilled from scratch without drafts.
 fn fresh(engine: &Engine, req: &GenerateRequest) -> Completion {
+    let tokens = engine
+        .prepare(req.clone())
+        .unwrap()
+        .prompt_tokens()
+        .to_vec();
     let mut r = req.clone();
+    r.prompt = Prompt::Tokens(tokens);
     r.cache_prompt = false;
     r.draft = false;
     let out = engine.generate(&r, &mut |_| true).unwrap();
@@ -166,7 +174,7 @@ fn a_changed_history_falls_back_to_the_common_prefix() {
     let engine = Engine::load(&path).unwrap();
     let question = json!({"role": "user", "content": "Name three colours."});
     let first = engine
-        .generate(&chat(&[question.clone()], 0, 12), &mut |_| true)
+        .generate(&chat(std::slice::from_ref(&question), 0, 12), &mut |_| true)
         .unwrap();
     // The client sends back an edited reply: the retained tokens (the ids the
     // engine generated) match the new prompt only up to the edit, at the
@@ -192,6 +200,59 @@ fn a_changed_history_falls_back_to_the_common_prefix() {
         first.completion_tokens
     );
     let want = fresh(&engine, &req);
+    assert_eq!(out.tokens, want.tokens);
+    assert_eq!(out.text, want.text);
+}
+
+#[test]
+fn generated_ids_stay_the_truth_when_the_reply_text_comes_back() {
+    let Some(path) = registry_model("smollm2-135m-instruct-q4_1.gguf") else {
+        return;
+    };
+    let engine = Engine::load(&path).unwrap();
+    let tokenizer = &engine.bundle().tokenizer;
+    let question = json!({"role": "user", "content": "Say hello."});
+    let asked = engine
+        .prompt_tokens(&chat(std::slice::from_ref(&question), 0, 1).prompt)
+        .unwrap();
+    // A reply whose first word the engine holds as single-character ids,
+    // which re-tokenizing its text would merge.
+    let spelled: Vec<u32> = "Hello"
+        .chars()
+        .map(|c| tokenizer.token_to_id(&c.to_string()).unwrap())
+        .collect();
+    assert_ne!(engine.encode("Hello").unwrap(), spelled);
+    let held = [asked.clone(), spelled].concat();
+    let mut first = GenerateRequest::new(Prompt::Tokens(held.clone()));
+    first.max_tokens = 8;
+    let reply = engine.generate(&first, &mut |_| true).unwrap();
+    let content = format!("Hello{}", reply.text);
+    let turn = [
+        question,
+        json!({"role": "assistant", "content": content}),
+        json!({"role": "user", "content": "Again, please."}),
+    ];
+    let req = chat(&turn, 1, 8);
+    let prepared = engine.prepare(req.clone()).unwrap();
+    assert_eq!(
+        &prepared.prompt_tokens()[..held.len()],
+        &held[..],
+        "the held ids are kept"
+    );
+    let out = engine.generate(&req, &mut |_| true).unwrap();
+    assert!(
+        out.cached_tokens >= held.len() + reply.completion_tokens - 1,
+        "{} of {} + {}",
+        out.cached_tokens,
+        held.len(),
+        reply.completion_tokens
+    );
+    // Equal to the same prompt served fresh.
+    let mut same = GenerateRequest::new(Prompt::Tokens(prepared.prompt_tokens().to_vec()));
+    same.max_tokens = 8;
+    same.sampling = req.sampling.clone();
+    same.cache_prompt = false;
+    let want = engine.generate(&same, &mut |_| true).unwrap();
     assert_eq!(out.tokens, want.tokens);
     assert_eq!(out.text, want.text);
 }

@@ -455,6 +455,43 @@ impl Engine {
         }
     }
 
+    /// The ids a retained state holds stay the truth for the text they
+    /// spell: when `text` starts with what a retained state decodes to
+    /// beyond its common token prefix with `tokens` (a reply the client
+    /// sent back, re-rendered into other ids), the prompt keeps the
+    /// retained ids for that text and tokenizes only the rest.
+    fn keep_generated_ids(
+        &self,
+        text: &str,
+        tokens: &[u32],
+    ) -> Result<Option<Vec<u32>>, EngineError> {
+        let tokenizer = &self.bundle.tokenizer;
+        let bos = self.bundle.add_bos;
+        // The text `ids` spell (a leading BOS is not part of the text).
+        let spell = |ids: &[u32]| -> String {
+            let ids = match (bos, ids.first()) {
+                (Some(b), Some(&f)) if b == f => &ids[1..],
+                _ => ids,
+            };
+            tokenizer.decode(ids, false).unwrap_or_default()
+        };
+        let Some((ids, len)) = self.prefix_cache().longest_spelled(tokens, |ids| {
+            let s = spell(ids);
+            text.starts_with(&s).then_some(s.len())
+        }) else {
+            return Ok(None);
+        };
+        let rest = &text[len..];
+        let mut kept = ids;
+        if !rest.is_empty() {
+            let enc = tokenizer
+                .encode(rest, false)
+                .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+            kept.extend_from_slice(enc.get_ids());
+        }
+        Ok(Some(kept))
+    }
+
     fn check(&self, req: &GenerateRequest, prompt: &[u32]) -> Result<(), EngineError> {
         req.sampling.validate().map_err(EngineError::Invalid)?;
         let window = self.window;
@@ -478,7 +515,23 @@ impl Engine {
 
     /// Tokenizes and checks a request, and sizes what it will hold.
     pub fn prepare(&self, request: GenerateRequest) -> Result<Prepared, EngineError> {
-        let tokens = self.prompt_tokens(&request.prompt)?;
+        let text = match &request.prompt {
+            Prompt::Text(t) => Some(t.clone()),
+            Prompt::Chat {
+                messages,
+                template_vars,
+            } => Some(self.render_chat(messages, template_vars)?),
+            Prompt::Tokens(_) => None,
+        };
+        let mut tokens = match (&text, &request.prompt) {
+            (Some(t), _) => self.encode(t)?,
+            (None, p) => self.prompt_tokens(p)?,
+        };
+        if let (Some(text), true) = (&text, request.cache_prompt) {
+            if let Some(kept) = self.keep_generated_ids(text, &tokens)? {
+                tokens = kept;
+            }
+        }
         self.check(&request, &tokens)?;
         let budget = request.max_tokens.min(self.window - tokens.len());
         let cache_bytes = self.memory.stream_bytes(tokens.len() + budget);

@@ -74,6 +74,48 @@ impl PrefixCache {
         Some(e.cache.clone_prefix(len, capacity))
     }
 
+    /// The longest run of retained ids that goes beyond its common prefix
+    /// with `tokens` and whose text `spells` accepts (returning the text's
+    /// byte length): the ids and that length. `spells` must accept every
+    /// prefix of an accepted run, as a text prefix does.
+    pub(crate) fn longest_spelled(
+        &self,
+        tokens: &[u32],
+        spells: impl Fn(&[u32]) -> Option<usize>,
+    ) -> Option<(Vec<u32>, usize)> {
+        let mut best: Option<(Vec<u32>, usize)> = None;
+        for e in &self.entries {
+            let common = common_prefix(&e.tokens, tokens);
+            // Only a continuation of a retained state (a cold prompt shares
+            // little) whose ids and text part ways before its end.
+            if common < MIN_REUSE
+                || common == e.tokens.len()
+                || spells(&e.tokens[..common]).is_none()
+            {
+                continue;
+            }
+            // Binary search for the longest accepted run past `common`.
+            let (mut lo, mut hi) = (common, e.tokens.len());
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if spells(&e.tokens[..mid]).is_some() {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            // Ids that spell nothing more are not part of the text.
+            let len = spells(&e.tokens[..lo]).unwrap_or(0);
+            while lo > common && spells(&e.tokens[..lo - 1]) == Some(len) {
+                lo -= 1;
+            }
+            if lo > common && best.as_ref().is_none_or(|(b, _)| lo > b.len()) {
+                best = Some((e.tokens[..lo].to_vec(), len));
+            }
+        }
+        best
+    }
+
     /// Retains `cache` (holding `tokens`) within `room` bytes (and the
     /// limit), evicting the least recently used. A retained state that is a
     /// prefix of the new one is replaced by it.
