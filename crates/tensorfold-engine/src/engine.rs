@@ -261,12 +261,7 @@ impl Engine {
         let window = memory.window(self.asked_context, config.max_positions)?;
         self.memory = memory;
         self.window = window;
-        let retained = self
-            .prompt_cache_limit
-            .unwrap_or(usize::MAX)
-            .min(memory.for_caches());
-        self.prefix_cache()
-            .set_limits(retained, self.checkpoint_slots);
+        self.limit_retention();
         Ok(())
     }
 
@@ -307,8 +302,16 @@ impl Engine {
     pub fn set_prompt_cache(&mut self, bytes: Option<usize>, slots: usize) {
         self.prompt_cache_limit = bytes;
         self.checkpoint_slots = slots;
-        let limit = bytes.unwrap_or(usize::MAX).min(self.memory.for_caches());
-        self.prefix_cache().set_limits(limit, slots);
+        self.limit_retention();
+    }
+
+    /// Applies the retention limits, within the cache share of the budget.
+    fn limit_retention(&self) {
+        let bytes = self
+            .prompt_cache_limit
+            .unwrap_or(usize::MAX)
+            .min(self.memory.for_caches());
+        self.prefix_cache().set_limits(bytes, self.checkpoint_slots);
     }
 
     /// Bytes of retained prompt states.
@@ -445,14 +448,24 @@ impl Engine {
 
     /// The prompt's tokens.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
-        match prompt {
-            Prompt::Text(t) => self.encode(t),
+        match (self.prompt_text(prompt)?, prompt) {
+            (Some(text), _) => self.encode(&text),
+            (None, Prompt::Tokens(t)) => Ok(t.clone()),
+            (None, _) => unreachable!("text and chat prompts have text"),
+        }
+    }
+
+    /// The text a prompt is tokenized from (chat messages rendered);
+    /// `None` for a prompt given as tokens.
+    fn prompt_text(&self, prompt: &Prompt) -> Result<Option<String>, EngineError> {
+        Ok(match prompt {
+            Prompt::Text(t) => Some(t.clone()),
             Prompt::Chat {
                 messages,
                 template_vars,
-            } => self.encode(&self.render_chat(messages, template_vars)?),
-            Prompt::Tokens(t) => Ok(t.clone()),
-        }
+            } => Some(self.render_chat(messages, template_vars)?),
+            Prompt::Tokens(_) => None,
+        })
     }
 
     /// The ids a retained state holds stay the truth for the text they
@@ -515,14 +528,7 @@ impl Engine {
 
     /// Tokenizes and checks a request, and sizes what it will hold.
     pub fn prepare(&self, request: GenerateRequest) -> Result<Prepared, EngineError> {
-        let text = match &request.prompt {
-            Prompt::Text(t) => Some(t.clone()),
-            Prompt::Chat {
-                messages,
-                template_vars,
-            } => Some(self.render_chat(messages, template_vars)?),
-            Prompt::Tokens(_) => None,
-        };
+        let text = self.prompt_text(&request.prompt)?;
         let mut tokens = match (&text, &request.prompt) {
             (Some(t), _) => self.encode(t)?,
             (None, p) => self.prompt_tokens(p)?,
