@@ -93,7 +93,7 @@ fn together(
         }
         for (id, done) in batch.step() {
             let i = ids.iter().position(|&x| x == Some(id)).unwrap();
-            results[i] = Some(done);
+            results[i] = Some(done.expect("stream completes"));
         }
         round += 1;
     }

@@ -1,8 +1,12 @@
-//! The fast subset of the exactness suite (`cargo xtask exact` runs it all).
+//! The fast subset of the exactness suite (`cargo xtask exact` runs it all):
+//! drafted against serial, and batched streams against each served alone.
 
 #[test]
 fn drafted_replies_equal_serial_replies() {
-    let outcomes = tensorfold_tests::exact::run(false, &mut |_| {});
+    let report =
+        tensorfold_tests::exact::run(false, tensorfold_engine::BackendChoice::Cpu, &mut |_| {});
+    assert!(report.skipped.is_empty(), "skipped: {:?}", report.skipped);
+    let outcomes = report.outcomes;
     let bad: Vec<&str> = outcomes
         .iter()
         .filter(|o| !o.identical)

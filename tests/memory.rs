@@ -99,7 +99,10 @@ fn admission_waits_for_memory_and_cancellation_frees_it() {
     let done = batch.step();
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].0, a);
-    assert_eq!(done[0].1.finish_reason, FinishReason::Cancelled);
+    assert_eq!(
+        done[0].1.as_ref().unwrap().finish_reason,
+        FinishReason::Cancelled
+    );
     assert!(batch.cache_bytes() < before, "the cancelled cache is freed");
     assert!(batch.fits(&prepared[2]), "its reservation is returned");
     batch.admit(prepared[2].clone(), |_: &str| true).unwrap();

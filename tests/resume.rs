@@ -77,7 +77,8 @@ fn conversations(engine: &Engine, conversations: usize, turns: usize, max_tokens
         let mut outs = vec![None; requests.len()];
         while !batch.is_empty() {
             for (id, done) in batch.step() {
-                outs[ids.iter().position(|&x| x == id).unwrap()] = Some(done);
+                outs[ids.iter().position(|&x| x == id).unwrap()] =
+                    Some(done.expect("stream completes"));
             }
         }
         for (c, (req, out)) in requests.iter().zip(outs).enumerate() {

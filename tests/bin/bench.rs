@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
+use tensorfold_engine::{
+    BackendChoice, DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams,
+};
 use tensorfold_kv::KvCache;
 use tensorfold_models::Logits;
 use tensorfold_tests::models_dir;
@@ -11,6 +13,21 @@ use tensorfold_tests::models_dir;
 const CODE_PROMPT: &str = "Here is a Python module:\n\n```python\nimport math\n\n\ndef circle_area(radius):\n    return math.pi * radius ** 2\n\n\ndef circle_perimeter(radius):\n    return 2 * math.pi * radius\n\n\ndef square_area(side):\n    return side * side\n```\n\nRepeat the module exactly, adding a docstring to each function.";
 const COPY_PROMPT: &str = "Here is a Python module:\n\n```python\nimport math\n\n\ndef circle_area(radius):\n    return math.pi * radius ** 2\n\n\ndef circle_perimeter(radius):\n    return 2 * math.pi * radius\n\n\ndef square_area(side):\n    return side * side\n\n\ndef square_perimeter(side):\n    return 4 * side\n```\n\nRepeat the module exactly, with `radius` renamed to `r`.";
 const CHAT_PROMPT: &str = "Give me three tips for staying focused while studying.";
+
+/// The engine for `path`, its target on the device `--backend` names
+/// (`cpu` unless given).
+fn load(path: &Path) -> Engine {
+    let args: Vec<String> = std::env::args().collect();
+    let backend = args
+        .iter()
+        .position(|a| a == "--backend")
+        .and_then(|i| args.get(i + 1))
+        .map_or(Ok(BackendChoice::Cpu), |b| b.parse())
+        .expect("--backend cpu|cuda");
+    let mut engine = Engine::load(path).expect("model");
+    engine.set_backend(backend).expect("backend");
+    engine
+}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -58,7 +75,7 @@ fn timed(engine: &Engine, req: &GenerateRequest) -> (Duration, tensorfold_engine
 }
 
 fn decode_cell(path: &Path, bandwidth: f64) {
-    let engine = Engine::load(path).expect("model");
+    let engine = load(path);
     let req = request(CHAT_PROMPT, false, false);
     let mut rates = Vec::new();
     for _ in 0..3 {
@@ -82,7 +99,7 @@ fn decode_cell(path: &Path, bandwidth: f64) {
 /// Wall time of one verification forward by its number of rows (pending
 /// token plus drafts), at a fixed context length: what a round costs.
 fn round_cells(path: &Path, reps: usize) {
-    let engine = Engine::load(path).expect("model");
+    let engine = load(path);
     let model = &engine.bundle().model;
     let vocab = model.config.vocab_size as u32;
     let tokens: Vec<u32> = (0..160u32).map(|i| (i * 7919 + 11) % vocab).collect();
@@ -117,7 +134,7 @@ fn round_cells(path: &Path, reps: usize) {
 }
 
 fn paired_cells(name: &str, target: &Path, draft: Option<&Path>, reps: usize) {
-    let mut engine = Engine::load(target).expect("model");
+    let mut engine = load(target);
     let mut drafters = vec![
         ("context", DrafterChoice::Context),
         ("auto", DrafterChoice::Auto),
@@ -134,30 +151,49 @@ fn paired_cells(name: &str, target: &Path, draft: Option<&Path>, reps: usize) {
         for sampled in [false, true] {
             for (dname, choice) in &drafters {
                 let (mut serial, mut drafted) = (Vec::new(), Vec::new());
+                // First token to last: the part drafting speeds up (the
+                // prompt's prefill is the same work either way).
+                let (mut serial_decode, mut drafted_decode) = (Vec::new(), Vec::new());
                 let mut tpr = Vec::new();
-                for _ in 0..reps {
-                    let (t, _) = timed(&engine, &request(prompt, sampled, false));
-                    serial.push(t.as_secs_f64());
-                    engine.set_drafter(*choice).unwrap();
-                    let (t, out) = timed(&engine, &request(prompt, sampled, true));
-                    drafted.push(t.as_secs_f64());
-                    tpr.push(out.draft.tokens_per_round());
+                engine.set_drafter(*choice).unwrap();
+                for rep in 0..reps {
+                    // Alternate which of the pair runs first, so drift and
+                    // warm-up fall on both sides alike.
+                    for draft in [rep % 2 == 1, rep % 2 == 0] {
+                        let (t, out) = timed(&engine, &request(prompt, sampled, draft));
+                        let decode = out.decode_time.as_secs_f64();
+                        if draft {
+                            drafted.push(t.as_secs_f64());
+                            drafted_decode.push(decode);
+                            tpr.push(out.draft.tokens_per_round());
+                        } else {
+                            serial.push(t.as_secs_f64());
+                            serial_decode.push(decode);
+                        }
+                    }
                 }
-                // The fastest of the runs is the least disturbed by other
-                // load on a noisy machine; the median is shown beside it.
+                // Each pair ran back to back: the median of the pairs'
+                // ratios is the least disturbed by load that comes and goes.
+                let ratios =
+                    |a: &[f64], b: &[f64]| median(a.iter().zip(b).map(|(s, d)| s / d).collect());
+                let pair_ratio = ratios(&serial, &drafted);
+                let decode_ratio = ratios(&serial_decode, &drafted_decode);
+                // Beside it: the ratio of the medians, and of the fastest runs.
                 let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
                 let (bs, bd) = (best(&serial), best(&drafted));
                 let (s, d) = (median(serial), median(drafted));
                 println!(
-                    "paired  {:<18} {:<5} {:<8} {:<8} serial {:>6.2}s  drafted {:>6.2}s  speedup {:>5.2}x (best {:>5.2}x)  {:>5.2} tok/round",
+                    "paired  {:<18} {:<5} {:<8} {:<8} serial {:>6.2}s  drafted {:>6.2}s  speedup {:>5.2}x (medians {:>5.2}x, best {:>5.2}x)  decode {:>5.2}x  {:>5.2} tok/round",
                     name,
                     pname,
                     if sampled { "sampled" } else { "greedy" },
                     dname,
                     s,
                     d,
+                    pair_ratio,
                     s / d,
                     bs / bd,
+                    decode_ratio,
                     median(tpr)
                 );
             }
@@ -179,7 +215,7 @@ fn reset_peak_rss() {
 /// per-stream tokens/s, peak RSS against the budget. Cells alternate by
 /// stream count within each repetition.
 fn concurrency_cells(path: &Path, reps: usize) {
-    let engine = Engine::load(path).expect("model");
+    let engine = load(path);
     let counts = [1usize, 2, 4, 8, 16];
     let mut aggregate = vec![Vec::new(); counts.len()];
     let mut per_stream = vec![Vec::new(); counts.len()];
@@ -203,6 +239,7 @@ fn concurrency_cells(path: &Path, reps: usize) {
             let mut rates = Vec::new();
             while !batch.is_empty() {
                 for (_, done) in batch.step() {
+                    let done = done.expect("bench stream");
                     tokens += done.completion_tokens;
                     rates.push(done.completion_tokens as f64 / done.decode_time.as_secs_f64());
                 }
@@ -259,7 +296,7 @@ fn agent_message(t: usize) -> serde_json::Value {
 /// without (the same replies either way), and the cost of retention on a
 /// cold prompt.
 fn agent_cells(path: &Path, reps: usize) {
-    let engine = Engine::load(path).expect("model");
+    let engine = load(path);
     let turn_request = |history: &[serde_json::Value], cache: bool| {
         let mut r = GenerateRequest::new(Prompt::Chat {
             messages: history.to_vec(),

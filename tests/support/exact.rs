@@ -3,7 +3,9 @@
 
 use crate::{models_dir, synth_model};
 use std::path::PathBuf;
-use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
+use tensorfold_engine::{
+    BackendChoice, DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams,
+};
 use tensorfold_models::mlx::{MlxQuantization, QuantizeOptions};
 use tensorfold_models::synth::{self, SynthSpec};
 use tensorfold_models::{Affine, ScaleDtype};
@@ -175,11 +177,40 @@ fn shapes(full: bool) -> Vec<(&'static str, usize, Vec<String>, bool)> {
     v
 }
 
-/// Runs the suite; `on_case` sees each outcome as it finishes.
-pub fn run(full: bool, on_case: &mut dyn FnMut(&Outcome)) -> Vec<Outcome> {
-    let mut outcomes = Vec::new();
-    for s in subjects(full) {
+/// What a run of the suite found.
+pub struct Report {
+    pub outcomes: Vec<Outcome>,
+    /// Subjects the backend refused, with its reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// Streams served together in each subject's batch cases.
+pub const BATCH_STREAMS: usize = 16;
+
+/// Runs the suite with the target on `backend`; `on_case` sees each
+/// outcome as it finishes.
+pub fn run(full: bool, backend: BackendChoice, on_case: &mut dyn FnMut(&Outcome)) -> Report {
+    run_subjects(full, backend, "", on_case)
+}
+
+/// [`run`] over the subjects whose name contains `only`.
+pub fn run_subjects(
+    full: bool,
+    backend: BackendChoice,
+    only: &str,
+    on_case: &mut dyn FnMut(&Outcome),
+) -> Report {
+    let mut report = Report {
+        outcomes: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let outcomes = &mut report.outcomes;
+    for s in subjects(full).into_iter().filter(|s| s.name.contains(only)) {
         let mut engine = Engine::load(&s.target).expect("suite model loads");
+        if let Err(e) = engine.set_backend(backend) {
+            report.skipped.push((s.name.clone(), e.to_string()));
+            continue;
+        }
         let mut drafters = vec![
             ("context", DrafterChoice::Context),
             ("auto", DrafterChoice::Auto),
@@ -224,6 +255,66 @@ pub fn run(full: bool, on_case: &mut dyn FnMut(&Outcome)) -> Vec<Outcome> {
                 }
             }
         }
+        engine.set_drafter(DrafterChoice::Auto).unwrap();
+        for o in batch_cases(&engine, &s, full) {
+            on_case(&o);
+            outcomes.push(o);
+        }
     }
-    outcomes
+    report
+}
+
+/// [`BATCH_STREAMS`] requests (prompts, samplers and lengths mixed, every
+/// other one drafted) served in one batch, each against itself served
+/// alone without drafts.
+fn batch_cases(engine: &Engine, s: &Subject, full: bool) -> Vec<Outcome> {
+    let prompts = prompts(s);
+    let samplers = samplers(full && !s.heavy);
+    let requests: Vec<GenerateRequest> = (0..BATCH_STREAMS)
+        .map(|i| {
+            let mut req = GenerateRequest::new(prompts[i % prompts.len()].1.clone());
+            req.sampling = samplers[(i / prompts.len()) % samplers.len()].1.clone();
+            req.max_tokens = 8 + (i * 7) % 40;
+            req.ignore_eos = i % 4 == 3;
+            req.draft = i % 2 == 0;
+            req
+        })
+        .collect();
+    let mut batch = engine.batch();
+    let ids: Vec<_> = requests
+        .iter()
+        .map(|r| {
+            let prepared = engine.prepare(r.clone()).expect("batch request");
+            batch
+                .admit(prepared, |_: &str| true)
+                .expect("fits the budget")
+        })
+        .collect();
+    let mut together = vec![None; requests.len()];
+    while !batch.is_empty() {
+        for (id, done) in batch.step() {
+            let i = ids.iter().position(|&x| x == id).expect("admitted here");
+            together[i] = Some(done.expect("batched stream"));
+        }
+    }
+    drop(batch);
+    requests
+        .iter()
+        .zip(together)
+        .enumerate()
+        .map(|(i, (req, got))| {
+            let got = got.expect("every stream finishes");
+            let mut solo = req.clone();
+            solo.draft = false;
+            let alone = engine.generate(&solo, &mut |_| true).expect("solo run");
+            Outcome {
+                case: format!("{}/batch{BATCH_STREAMS}/stream{i}", s.name),
+                identical: got.tokens == alone.tokens
+                    && got.text == alone.text
+                    && got.finish_reason == alone.finish_reason,
+                tokens: alone.completion_tokens,
+                tokens_per_round: got.draft.tokens_per_round(),
+            }
+        })
+        .collect()
 }

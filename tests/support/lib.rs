@@ -7,12 +7,16 @@ pub mod reference;
 use std::path::{Path, PathBuf};
 use tensorfold_models::synth::{self, SynthSpec};
 
-/// The workspace's `models/` folder (`cargo xtask models` fills it).
+/// The workspace's `models/` folder (`cargo xtask models` fills it), or
+/// `TENSORFOLD_MODELS_DIR` for a harness binary run on another machine.
 pub fn models_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .join("models")
+    match std::env::var_os("TENSORFOLD_MODELS_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .join("models"),
+    }
 }
 
 /// A registry model, or `None` with a note when it has not been fetched.

@@ -16,11 +16,14 @@ pub struct BenchArgs {
     /// Only the paired drafted-against-serial cells of SmolLM2.
     #[arg(long)]
     pub paired: bool,
+    /// Where the target runs: `cpu`, or `cuda` (builds with the `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     crate::fetch(args.qwen)?;
-    let flag = if args.concurrency {
+    let mode = if args.concurrency {
         Some("--concurrency")
     } else if args.agent {
         Some("--agent")
@@ -29,5 +32,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     } else {
         args.qwen.then_some("--qwen")
     };
-    crate::harness("bench", flag)
+    let mut flags = vec!["--backend", args.backend.as_str()];
+    flags.extend(mode);
+    crate::harness("bench", &flags, &args.backend)
 }

@@ -44,6 +44,10 @@ enum Task {
         /// Only the fast subset CI runs.
         #[arg(long)]
         fast: bool,
+        /// Where the target runs: `cpu`, or `cuda` (builds with the `cuda`
+        /// feature; needs the CUDA toolkit, see `shared/cuda` notes in docs).
+        #[arg(long, default_value = "cpu")]
+        backend: String,
     },
 }
 
@@ -52,9 +56,11 @@ fn main() -> Result<()> {
         Task::Models { all } => fetch(all),
         Task::Bench(args) => bench::run(args),
         Task::Test => test(),
-        Task::Exact { fast } => {
+        Task::Exact { fast, backend } => {
             fetch(false)?;
-            harness("exact", fast.then_some("--fast"))
+            let mut flags = vec!["--backend", backend.as_str()];
+            flags.extend(fast.then_some("--fast"));
+            harness("exact", &flags, &backend)
         }
     }
 }
@@ -71,19 +77,15 @@ fn cargo(args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Runs a release binary of the test harness (`tests/bin`), with one optional flag.
-fn harness(bin: &str, flag: Option<&str>) -> Result<()> {
-    let mut args = vec![
-        "run",
-        "--release",
-        "--quiet",
-        "-p",
-        "tensorfold-tests",
-        "--bin",
-        bin,
-        "--",
-    ];
-    args.extend(flag);
+/// Runs a release binary of the test harness (`tests/bin`) with `flags`;
+/// built with the `cuda` feature when `backend` is `cuda`.
+fn harness(bin: &str, flags: &[&str], backend: &str) -> Result<()> {
+    let mut args = vec!["run", "--release", "--quiet", "-p", "tensorfold-tests"];
+    if backend == "cuda" {
+        args.extend(["--features", "cuda"]);
+    }
+    args.extend(["--bin", bin, "--"]);
+    args.extend(flags);
     cargo(&args)
 }
 

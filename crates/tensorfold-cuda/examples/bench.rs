@@ -3,7 +3,10 @@
 //! prefill tokens/s, and aggregate tokens/s of batched streams.
 //!
 //! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode]`
-//! (`decode` stops after the decode cell, for profiling).
+//! (`decode` stops after the decode cell, for profiling). Built with
+//! `--features stock`, every cell is also measured on candle's own quantized
+//! CUDA path (candle-transformers' quantized Llama, which switches kernels
+//! by row count) over the same weights, and the ratio is printed.
 
 use std::time::Instant;
 use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel};
@@ -167,8 +170,11 @@ fn main() {
             built,
             t.elapsed()
         );
+        #[cfg(feature = "stock")]
+        let stock_gguf = stock::gguf_bytes(&shape, &model);
         drop(model);
         let vocab = shape.config.vocab_size as u32;
+        let mut ours = Cells::default();
         let toks: Vec<u32> = (0..8192u32).map(|i| (i * 7919 + 13) % vocab).collect();
 
         // Decode: 128-token prompt, then one token per forward.
@@ -184,6 +190,7 @@ fn main() {
         }
         let s = t.elapsed().as_secs_f64();
         let bound = bw / per_tok as f64;
+        ours.decode = n as f64 / s;
         println!(
             "decode: {:.1} tok/s ({:.3} ms/token); bandwidth bound {:.1} tok/s; {:.0}% of bound",
             n as f64 / s,
@@ -217,6 +224,7 @@ fn main() {
             let t = Instant::now();
             prefill(&g, &mut kv, &toks[..len], 256);
             let s = t.elapsed().as_secs_f64();
+            ours.prefill.push(len as f64 / s);
             println!("prefill {len}: {:.0} tok/s ({:.2} s)", len as f64 / s, s);
         }
 
@@ -246,10 +254,199 @@ fn main() {
             step(r);
         }
         let s = t.elapsed().as_secs_f64();
+        ours.streams = (streams * rounds) as f64 / s;
         println!(
             "{streams} streams: {:.1} tok/s aggregate ({:.3} ms per round)",
             (streams * rounds) as f64 / s,
             1e3 * s / rounds as f64
         );
+        drop(caches);
+        drop(g);
+        #[cfg(feature = "stock")]
+        {
+            let stock = stock::cells(&stock_gguf, &toks).expect("stock candle cells");
+            let r = |a: f64, b: f64| a / b;
+            println!(
+                "stock candle: decode {:.1} tok/s, prefill 2048 {:.0} tok/s, prefill 8192 {:.0} tok/s, 16 streams {:.1} tok/s",
+                stock.decode, stock.prefill[0], stock.prefill[1], stock.streams
+            );
+            println!(
+                "row-invariant / stock: decode {:.2}x, prefill 2048 {:.2}x, prefill 8192 {:.2}x, 16 streams {:.2}x",
+                r(ours.decode, stock.decode),
+                r(ours.prefill[0], stock.prefill[0]),
+                r(ours.prefill[1], stock.prefill[1]),
+                r(ours.streams, stock.streams)
+            );
+        }
+    }
+}
+
+/// Tokens/s of the cells, for the stock comparison.
+#[derive(Default)]
+#[cfg_attr(not(feature = "stock"), allow(dead_code))]
+struct Cells {
+    decode: f64,
+    /// At 2048 and 8192 tokens.
+    prefill: Vec<f64>,
+    streams: f64,
+}
+
+/// The same cells on candle's stock quantized CUDA path.
+#[cfg(feature = "stock")]
+mod stock {
+    use super::{Cells, Shape};
+    use candle_core::quantized::{ggml_file::qtensor_from_ggml, gguf_file, GgmlDType, QTensor};
+    use candle_core::{Device, Result, Tensor};
+    use candle_transformers::models::quantized_llama::ModelWeights;
+    use std::time::Instant;
+    use tensorfold_models::{Format, Model};
+    use tensorfold_quant::{Matrix, Storage};
+
+    fn dtype(f: Format) -> GgmlDType {
+        match f {
+            Format::Q4_1 => GgmlDType::Q4_1,
+            Format::Q4K => GgmlDType::Q4K,
+            other => unimplemented!("stock cells for {other}"),
+        }
+    }
+
+    /// `model` written as a llama GGUF in memory: the very same blocks.
+    pub fn gguf_bytes(shape: &Shape, model: &Model) -> Vec<u8> {
+        let cpu = Device::Cpu;
+        let q = |m: &Matrix| -> QTensor {
+            let Storage::Ggml(b) = m.storage() else {
+                unreachable!("bench weights are GGUF blocks")
+            };
+            qtensor_from_ggml(
+                dtype(shape.format),
+                b.as_bytes(),
+                vec![m.rows(), m.cols()],
+                &cpu,
+            )
+            .expect("blocks")
+        };
+        let f32s = |v: &[f32]| -> QTensor {
+            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            qtensor_from_ggml(GgmlDType::F32, &bytes, vec![v.len()], &cpu).expect("norm")
+        };
+        let mut tensors: Vec<(String, QTensor)> = vec![
+            ("token_embd.weight".into(), q(&model.embed)),
+            ("output_norm.weight".into(), f32s(&model.norm)),
+        ];
+        if let Some(head) = &model.lm_head {
+            tensors.push(("output.weight".into(), q(head)));
+        }
+        for (i, b) in model.blocks.iter().enumerate() {
+            for (name, m) in [
+                ("attn_q", &b.q),
+                ("attn_k", &b.k),
+                ("attn_v", &b.v),
+                ("attn_output", &b.o),
+                ("ffn_gate", &b.gate),
+                ("ffn_up", &b.up),
+                ("ffn_down", &b.down),
+            ] {
+                tensors.push((format!("blk.{i}.{name}.weight"), q(m)));
+            }
+            tensors.push((format!("blk.{i}.attn_norm.weight"), f32s(&b.attn_norm)));
+            tensors.push((format!("blk.{i}.ffn_norm.weight"), f32s(&b.ffn_norm)));
+        }
+        let c = &shape.config;
+        use gguf_file::Value as V;
+        let metadata = [
+            ("general.architecture", V::String("llama".into())),
+            ("llama.attention.head_count", V::U32(c.heads as u32)),
+            ("llama.attention.head_count_kv", V::U32(c.kv_heads as u32)),
+            ("llama.block_count", V::U32(c.layers as u32)),
+            ("llama.embedding_length", V::U32(c.hidden_size as u32)),
+            ("llama.rope.dimension_count", V::U32(c.head_dim as u32)),
+            ("llama.attention.layer_norm_rms_epsilon", V::F32(c.rms_eps)),
+            ("llama.rope.freq_base", V::F32(c.rope_theta as f32)),
+        ];
+        let md: Vec<(&str, &V)> = metadata.iter().map(|(k, v)| (*k, v)).collect();
+        let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let mut out = std::io::Cursor::new(Vec::new());
+        gguf_file::write(&mut out, &md, &ts).expect("gguf in memory");
+        out.into_inner()
+    }
+
+    fn load(gguf: &[u8], device: &Device) -> Result<ModelWeights> {
+        let mut r = std::io::Cursor::new(gguf);
+        let content = gguf_file::Content::read(&mut r)?;
+        ModelWeights::from_gguf(content, &mut r, device)
+    }
+
+    fn ids(toks: &[u32], rows: usize, device: &Device) -> Result<Tensor> {
+        let n = toks.len() / rows;
+        Tensor::from_slice(toks, (rows, n), device)
+    }
+
+    /// Prefills `toks` (one row per stream) in 256-token chunks.
+    fn prefill(m: &mut ModelWeights, toks: &[Vec<u32>], device: &Device) -> Result<Tensor> {
+        let len = toks[0].len();
+        let mut out = None;
+        for start in (0..len).step_by(256) {
+            let end = (start + 256).min(len);
+            let chunk: Vec<u32> = toks
+                .iter()
+                .flat_map(|t| t[start..end].iter().copied())
+                .collect();
+            out = Some(m.forward(&ids(&chunk, toks.len(), device)?, start)?);
+        }
+        Ok(out.expect("a prompt"))
+    }
+
+    pub fn cells(gguf: &[u8], toks: &[u32]) -> Result<Cells> {
+        let device = Device::new_cuda(0)?;
+        let mut cells = Cells::default();
+        let mut m = load(gguf, &device)?;
+        let sync = |d: &Device| d.synchronize();
+
+        // Decode: 128-token prompt, then one token per forward.
+        prefill(&mut m, &[toks[..128].to_vec()], &device)?;
+        for (i, t) in toks[128..136].iter().enumerate() {
+            m.forward(&ids(&[*t], 1, &device)?, 128 + i)?;
+        }
+        sync(&device)?;
+        let n = 128;
+        let t = Instant::now();
+        for (i, tok) in toks[136..136 + n].iter().enumerate() {
+            m.forward(&ids(&[*tok], 1, &device)?, 136 + i)?;
+        }
+        sync(&device)?;
+        cells.decode = n as f64 / t.elapsed().as_secs_f64();
+
+        for len in [2048usize, 8192] {
+            m.clear_kv_cache();
+            prefill(&mut m, &[toks[..256].to_vec()], &device)?;
+            m.clear_kv_cache();
+            sync(&device)?;
+            let t = Instant::now();
+            prefill(&mut m, &[toks[..len].to_vec()], &device)?;
+            sync(&device)?;
+            cells.prefill.push(len as f64 / t.elapsed().as_secs_f64());
+        }
+
+        // 16 streams as one batch of 16 rows, after 128-token prompts.
+        let streams = 16;
+        m.clear_kv_cache();
+        let prompts: Vec<Vec<u32>> = (0..streams)
+            .map(|i| toks[i * 128..(i + 1) * 128].to_vec())
+            .collect();
+        prefill(&mut m, &prompts, &device)?;
+        let rounds = 64;
+        let step = |m: &mut ModelWeights, r: usize| -> Result<Tensor> {
+            let next: Vec<u32> = (0..streams).map(|i| toks[(r * 31 + i) % 8192]).collect();
+            m.forward(&ids(&next, streams, &device)?, 128 + r)
+        };
+        step(&mut m, 0)?;
+        sync(&device)?;
+        let t = Instant::now();
+        for r in 1..=rounds {
+            step(&mut m, r)?;
+        }
+        sync(&device)?;
+        cells.streams = (streams * rounds) as f64 / t.elapsed().as_secs_f64();
+        Ok(cells)
     }
 }

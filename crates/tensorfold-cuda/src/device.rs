@@ -196,6 +196,11 @@ impl CudaModel {
                 c.head_dim
             )));
         }
+        if !crate::driver_present() {
+            return Err(CudaError::Driver(
+                "the CUDA driver library (libcuda.so.1) is not installed".into(),
+            ));
+        }
         let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal)).map_err(|_| {
             CudaError::Driver("the CUDA driver library could not be loaded".into())
         })??;
@@ -323,6 +328,19 @@ impl CudaModel {
             len: 0,
             kv: None,
         }
+    }
+
+    /// An empty cache with room for `positions` before it grows.
+    pub fn cache_with_capacity(&self, positions: usize) -> Result<CudaKv> {
+        let mut c = self.new_cache();
+        c.resize(positions)?;
+        Ok(c)
+    }
+
+    /// Free and total bytes of this model's GPU, as the driver reports them.
+    pub fn device_memory(&self) -> Result<(usize, usize)> {
+        self.ctx.bind_to_thread()?;
+        Ok(cudarc::driver::result::mem_get_info()?)
     }
 
     /// Waits for all queued work.
@@ -725,32 +743,111 @@ impl CudaKv {
         }
     }
 
-    /// Makes room for `need` positions.
+    /// A cache holding this one's first `len` positions, with room for
+    /// `capacity`: a retained prefix handed to a new sequence.
+    pub fn clone_prefix(&self, len: usize, capacity: usize) -> Result<CudaKv> {
+        let mut c = CudaKv {
+            stream: self.stream.clone(),
+            layers: self.layers,
+            width: self.width,
+            cap: 0,
+            len: 0,
+            kv: None,
+        };
+        c.resize(capacity.max(len))?;
+        c.len = len.min(self.len);
+        self.copy_held(&mut c)?;
+        Ok(c)
+    }
+
+    /// Releases room beyond the stored positions (a cache kept for reuse).
+    pub fn shrink_to_fit(&mut self) -> Result<()> {
+        self.resize(self.len)
+    }
+
+    /// Makes room for `need` positions, growing in steps of
+    /// [`tensorfold_kv::GROWTH`] (never by doubling: the memory budget
+    /// reserves a stream's whole cache plus one step).
     fn reserve(&mut self, need: usize) -> Result<()> {
         if need <= self.cap {
             return Ok(());
         }
-        let cap = need.max(2 * self.cap).next_multiple_of(256);
-        let (w, st) = (self.width, &self.stream);
-        let mut k = st.alloc_zeros::<f32>(self.layers * cap * w)?;
-        let mut v = st.alloc_zeros::<f32>(self.layers * cap * w)?;
-        if let Some((ok, ov)) = &self.kv {
-            let held = self.len * w;
-            for l in 0..self.layers {
-                let (from, to) = (l * self.cap * w, l * cap * w);
-                st.memcpy_dtod(
-                    &ok.slice(from..from + held),
-                    &mut k.slice_mut(to..to + held),
-                )?;
-                st.memcpy_dtod(
-                    &ov.slice(from..from + held),
-                    &mut v.slice_mut(to..to + held),
-                )?;
-            }
+        self.resize(need.max(self.cap + tensorfold_kv::GROWTH))
+    }
+
+    /// Moves the held positions into an allocation of `positions` (rounded
+    /// up to the growth step); `0` frees it.
+    fn resize(&mut self, positions: usize) -> Result<()> {
+        let cap = positions.next_multiple_of(tensorfold_kv::GROWTH);
+        if cap == self.cap {
+            return Ok(());
         }
-        self.kv = Some((k, v));
-        self.cap = cap;
+        let mut next = CudaKv {
+            stream: self.stream.clone(),
+            layers: self.layers,
+            width: self.width,
+            cap,
+            len: self.len.min(cap),
+            kv: None,
+        };
+        if cap > 0 {
+            let n = self.layers * cap * self.width;
+            next.kv = Some((
+                self.stream.alloc_zeros::<f32>(n)?,
+                self.stream.alloc_zeros::<f32>(n)?,
+            ));
+        }
+        self.copy_held(&mut next)?;
+        *self = next;
         Ok(())
+    }
+
+    /// Copies this cache's first `dst.len` positions of every layer into `dst`.
+    fn copy_held(&self, dst: &mut CudaKv) -> Result<()> {
+        let positions = dst.len;
+        let (Some((ok, ov)), Some((k, v))) = (&self.kv, &mut dst.kv) else {
+            return Ok(());
+        };
+        let (w, st) = (self.width, &self.stream);
+        let held = positions * w;
+        for l in 0..self.layers {
+            let (from, to) = (l * self.cap * w, l * dst.cap * w);
+            st.memcpy_dtod(
+                &ok.slice(from..from + held),
+                &mut k.slice_mut(to..to + held),
+            )?;
+            st.memcpy_dtod(
+                &ov.slice(from..from + held),
+                &mut v.slice_mut(to..to + held),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl tensorfold_kv::Cache for CudaKv {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn truncate(&mut self, len: usize) {
+        CudaKv::truncate(self, len)
+    }
+    fn allocated_bytes(&self) -> usize {
+        CudaKv::allocated_bytes(self)
+    }
+}
+
+impl tensorfold_models::Forward for CudaModel {
+    type Cache = CudaKv;
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+    fn forward_batch(
+        &self,
+        seqs: &mut [Seq<'_, CudaKv>],
+    ) -> std::result::Result<Vec<Vec<f32>>, tensorfold_models::ForwardError> {
+        CudaModel::forward_batch(self, seqs)
+            .map_err(|e| tensorfold_models::ForwardError(e.to_string()))
     }
 }
 

@@ -55,16 +55,33 @@ impl From<cudarc::driver::DriverError> for CudaError {
 pub fn available() -> bool {
     #[cfg(feature = "cuda")]
     {
-        // Loading the driver library panics inside cudarc when it is absent;
-        // a machine without a GPU must answer `false`, not abort.
-        std::panic::catch_unwind(|| {
-            cudarc::driver::CudaContext::device_count().is_ok_and(|n| n > 0)
-        })
-        .unwrap_or(false)
+        // A missing driver library panics inside cudarc: look for it first,
+        // and keep the panic from escaping should it come anyway.
+        driver_present()
+            && std::panic::catch_unwind(|| {
+                cudarc::driver::CudaContext::device_count().is_ok_and(|n| n > 0)
+            })
+            .unwrap_or(false)
     }
     #[cfg(not(feature = "cuda"))]
     {
         false
+    }
+}
+
+/// Whether the driver library (libcuda) can be loaded.
+#[cfg(feature = "cuda")]
+pub(crate) fn driver_present() -> bool {
+    // The stock comparison links libcuda (candle does); a binary that runs
+    // has it.
+    #[cfg(feature = "stock")]
+    {
+        true
+    }
+    #[cfg(not(feature = "stock"))]
+    {
+        // SAFETY: only tries to open the library by its names.
+        unsafe { cudarc::driver::sys::is_culib_present() }
     }
 }
 

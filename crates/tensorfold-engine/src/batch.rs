@@ -2,16 +2,17 @@
 //! verification round for every live stream. A stream is admitted only
 //! when its whole cache fits the memory budget next to the others'.
 
+use crate::backend::DeviceCache;
 use crate::engine::{Completion, Engine, EngineError, Prepared};
 use crate::reply::{OnText, Outcome, Reply};
 use std::collections::HashMap;
-use tensorfold_kv::KvCache;
+use tensorfold_kv::Cache;
 use tensorfold_scheduler::{Finished, Scheduler, StreamId};
 
 /// Streams in flight on one engine.
 pub struct Batch<'e> {
     engine: &'e Engine,
-    scheduler: Scheduler<Reply<'e>>,
+    scheduler: Scheduler<Reply<'e>, DeviceCache>,
     /// Cache bytes each live stream reserved at admission.
     reserved: HashMap<StreamId, usize>,
     /// Prompt tokens each live stream took from a retained state.
@@ -91,10 +92,10 @@ impl<'e> Batch<'e> {
                 None
             }
         };
-        let cache = reused.unwrap_or_else(|| {
-            let shape = engine.bundle().model.config.kv_shape();
-            KvCache::with_capacity(shape, tokens.len() + budget)
-        });
+        let cache = match reused {
+            Some(c) => c,
+            None => engine.new_cache(tokens.len() + budget)?,
+        };
         let cached_tokens = cache.len().min(tokens.len() - 1);
         let on_text: OnText<'e> = Box::new(on_text);
         let reply = Reply::new(engine, request, &tokens, budget, on_text);
@@ -111,17 +112,22 @@ impl<'e> Batch<'e> {
 
     /// One round for every live stream; returns the streams that finished,
     /// whose memory is free again (their states retained for reuse, within
-    /// the budget, unless the request said `cache_prompt: false`).
-    pub fn step(&mut self) -> Vec<(StreamId, Completion)> {
-        let done = self.scheduler.round(&self.engine.bundle().model);
+    /// the budget, unless the request said `cache_prompt: false`). When the
+    /// device fails, every live stream ends with its error.
+    pub fn step(&mut self) -> Vec<(StreamId, Result<Completion, EngineError>)> {
+        let done = self.scheduler.round(&self.engine.target());
         done.into_iter().map(|f| self.finish(f)).collect()
     }
 
-    fn finish(&mut self, f: Finished<Reply<'e>>) -> (StreamId, Completion) {
+    fn finish(
+        &mut self,
+        f: Finished<Reply<'e>, DeviceCache>,
+    ) -> (StreamId, Result<Completion, EngineError>) {
         let Finished {
             id,
             client,
             cancelled,
+            error,
             draft,
             prefill_time,
             decode_time,
@@ -129,6 +135,10 @@ impl<'e> Batch<'e> {
             tokens,
         } = f;
         self.reserved.remove(&id);
+        if let Some(e) = error {
+            self.cached_tokens.remove(&id);
+            return (id, Err(EngineError::Backend(e.to_string())));
+        }
         let outcome = Outcome {
             cancelled,
             draft,
@@ -140,6 +150,6 @@ impl<'e> Batch<'e> {
             let room = self.engine.memory().for_caches() - self.reserved_bytes();
             self.engine.prefix_cache().insert(tokens, cache, room);
         }
-        (id, client.complete(&outcome))
+        (id, Ok(client.complete(&outcome)))
     }
 }

@@ -1,5 +1,6 @@
 //! Loading, prompt preparation and serial generation.
 
+use crate::backend::{BackendChoice, Device, DeviceCache, Target};
 use crate::batch::Batch;
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingParams;
@@ -35,6 +36,9 @@ pub enum EngineError {
     /// No stream slot or cache memory is free now; try again later.
     #[error("the engine is at capacity")]
     Busy,
+    /// The device refused or failed (no GPU, a lost device, out of memory).
+    #[error("backend: {0}")]
+    Backend(String),
 }
 
 /// Which drafter proposes tokens.
@@ -180,6 +184,9 @@ pub const DEFAULT_DECODE_SHARE: f64 = 0.5;
 /// A loaded model ready to serve requests.
 pub struct Engine {
     bundle: Bundle,
+    device: Device,
+    /// The GPU's total bytes and bytes in use once the weights were on it.
+    device_memory: Option<(usize, usize)>,
     template: Option<ChatTemplate>,
     drafter: DrafterChoice,
     draft_model: Option<Arc<Model>>,
@@ -218,6 +225,8 @@ impl Engine {
         };
         let mut engine = Engine {
             bundle,
+            device: Device::Cpu,
+            device_memory: None,
             template,
             drafter: DrafterChoice::Auto,
             draft_model: None,
@@ -250,12 +259,18 @@ impl Engine {
             per_position += d.config.kv_shape().bytes_per_position();
         }
         let rows = PREFILL_CHUNK + self.max_streams() * (1 + MAX_DEPTH);
+        // On a GPU the budget is the GPU's memory; the host holds only what
+        // the weights took when read.
+        let (limit, loaded) = match self.device_memory {
+            Some((total, used)) => (memory::limit_of(total), used),
+            None => (memory::process_limit(), self.loaded_resident),
+        };
         let memory = MemoryBudget {
             limit: match self.memory_limit {
                 Some(l) => l,
-                None => memory::process_limit()?,
+                None => limit?,
             },
-            fixed: self.loaded_resident + workspace_bytes(config, rows),
+            fixed: loaded + workspace_bytes(config, rows),
             per_position,
         };
         let window = memory.window(self.asked_context, config.max_positions)?;
@@ -283,6 +298,42 @@ impl Engine {
             return Err(e);
         }
         Ok(self.window)
+    }
+
+    /// Moves the target's forward to the device `choice` names (the CPU
+    /// unless this is called) and resizes the budget and window for it.
+    /// Retained prompt states are dropped. Returns the device's name.
+    pub fn set_backend(&mut self, choice: BackendChoice) -> Result<String, EngineError> {
+        let device = Device::open(choice, &self.bundle.model)?;
+        let device_memory = device.device_memory().transpose()?;
+        let before = (
+            std::mem::replace(&mut self.device, device),
+            std::mem::replace(&mut self.device_memory, device_memory),
+        );
+        if let Err(e) = self.size_memory() {
+            (self.device, self.device_memory) = before;
+            return Err(e);
+        }
+        *self.prefix_cache() = PrefixCache::new(0, self.checkpoint_slots);
+        self.limit_retention();
+        Ok(self.device.name())
+    }
+
+    /// The device the target runs on: `cpu` or `cuda:N (name)`.
+    pub fn backend(&self) -> String {
+        self.device.name()
+    }
+
+    pub(crate) fn target(&self) -> Target<'_> {
+        Target {
+            model: &self.bundle.model,
+            device: &self.device,
+        }
+    }
+
+    /// An empty cache on the target's device with room for `positions`.
+    pub(crate) fn new_cache(&self, positions: usize) -> Result<DeviceCache, EngineError> {
+        self.device.new_cache(&self.bundle.model, positions)
     }
 
     /// Replaces the process's memory limit (`None`: `TENSORFOLD_MEMORY_LIMIT_GB`
@@ -569,7 +620,7 @@ impl Engine {
         batch.admit(prepared, on_text)?;
         loop {
             if let Some((_, done)) = batch.step().pop() {
-                return Ok(done);
+                return done;
             }
         }
     }

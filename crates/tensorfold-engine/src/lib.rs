@@ -12,6 +12,7 @@
 //! # Ok::<(), tensorfold_engine::EngineError>(())
 //! ```
 
+mod backend;
 mod batch;
 mod engine;
 mod prefix;
@@ -20,6 +21,7 @@ mod sampling;
 mod template;
 mod text;
 
+pub use backend::{cuda_available, BackendChoice, DeviceCache};
 pub use batch::Batch;
 pub use engine::{
     Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Parallel,

@@ -10,14 +10,15 @@
 //! history differently from the tokens that were generated, the match
 //! simply ends at the first differing token.
 
-use tensorfold_kv::KvCache;
+use crate::backend::DeviceCache;
+use tensorfold_kv::Cache;
 
 /// Shortest match worth reusing.
 pub const MIN_REUSE: usize = 16;
 
 struct Entry {
     tokens: Vec<u32>,
-    cache: KvCache,
+    cache: DeviceCache,
     last_used: u64,
 }
 
@@ -58,7 +59,7 @@ impl PrefixCache {
     /// A cache holding the longest retained prefix of `prompt`, with room
     /// for `capacity` positions, or `None` when no retained state shares at
     /// least [`MIN_REUSE`] tokens with it.
-    pub(crate) fn lookup(&mut self, prompt: &[u32], capacity: usize) -> Option<KvCache> {
+    pub(crate) fn lookup(&mut self, prompt: &[u32], capacity: usize) -> Option<DeviceCache> {
         let (best, len) = self
             .entries
             .iter()
@@ -71,7 +72,7 @@ impl PrefixCache {
         self.clock += 1;
         let e = &mut self.entries[best];
         e.last_used = self.clock;
-        Some(e.cache.clone_prefix(len, capacity))
+        e.cache.clone_prefix(len, capacity)
     }
 
     /// The longest run of retained ids that goes beyond its common prefix
@@ -119,7 +120,7 @@ impl PrefixCache {
     /// Retains `cache` (holding `tokens`) within `room` bytes (and the
     /// limit), evicting the least recently used. A retained state that is a
     /// prefix of the new one is replaced by it.
-    pub(crate) fn insert(&mut self, tokens: Vec<u32>, mut cache: KvCache, room: usize) {
+    pub(crate) fn insert(&mut self, tokens: Vec<u32>, mut cache: DeviceCache, room: usize) {
         if tokens.len() < MIN_REUSE || self.slots == 0 {
             return;
         }

@@ -8,6 +8,32 @@
 /// Positions a cache grows by when it is full.
 pub const GROWTH: usize = 64;
 
+/// What the scheduler asks of one sequence's cache, on any device: how
+/// many positions it holds, exact rollback, and what it occupies.
+pub trait Cache {
+    /// Positions held.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Drops every position from `len` on.
+    fn truncate(&mut self, len: usize);
+    /// Bytes allocated, stored or not.
+    fn allocated_bytes(&self) -> usize;
+}
+
+impl Cache for KvCache {
+    fn len(&self) -> usize {
+        KvCache::len(self)
+    }
+    fn truncate(&mut self, len: usize) {
+        KvCache::truncate(self, len)
+    }
+    fn allocated_bytes(&self) -> usize {
+        KvCache::allocated_bytes(self)
+    }
+}
+
 /// Shape of what each position stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {

@@ -127,6 +127,38 @@ pub struct Seq<'a, C = KvCache> {
     pub logits: Logits,
 }
 
+/// A forward that can run a batch of sequences, on whichever device holds
+/// the weights: what the scheduler drives. The CPU [`Model`] never fails;
+/// a GPU backend may (a lost device, an allocation refused).
+pub trait Forward {
+    type Cache: tensorfold_kv::Cache;
+    fn vocab_size(&self) -> usize;
+    /// Each sequence's requested logits rows, bitwise those it would get
+    /// alone (the row invariant).
+    fn forward_batch(
+        &self,
+        seqs: &mut [Seq<'_, Self::Cache>],
+    ) -> std::result::Result<Vec<Vec<f32>>, ForwardError>;
+}
+
+/// A forward that did not run.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("forward failed: {0}")]
+pub struct ForwardError(pub String);
+
+impl Forward for Model {
+    type Cache = KvCache;
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+    fn forward_batch(
+        &self,
+        seqs: &mut [Seq<'_>],
+    ) -> std::result::Result<Vec<Vec<f32>>, ForwardError> {
+        Ok(Model::forward_batch(self, seqs))
+    }
+}
+
 impl Logits {
     /// Which of `n` rows this asks for.
     pub fn rows(self, n: usize) -> std::ops::Range<usize> {

@@ -28,7 +28,7 @@ mod tokenizer;
 mod weights;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
-pub use decoder::{Block, Logits, Model, Seq};
+pub use decoder::{Block, Forward, ForwardError, Logits, Model, Seq};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;

@@ -45,8 +45,8 @@
 pub mod memory;
 
 use std::time::{Duration, Instant};
-use tensorfold_kv::KvCache;
-use tensorfold_models::{Logits, Model, Seq};
+use tensorfold_kv::{Cache, KvCache};
+use tensorfold_models::{Forward, ForwardError, Logits, Seq};
 use tensorfold_spec::{accept, DraftStats, Drafter};
 
 /// What a stream's owner decides: which token a row gives, and what to do
@@ -74,11 +74,13 @@ pub const MAX_DEPTH: usize = 8;
 pub struct StreamId(pub u64);
 
 /// A stream that left: its owner, and how it went.
-pub struct Finished<C> {
+pub struct Finished<C, K = KvCache> {
     pub id: StreamId,
     pub client: C,
     /// `true` when [`Scheduler::cancel`] ended it.
     pub cancelled: bool,
+    /// Set when the forward failed: every live stream ends with it.
+    pub error: Option<ForwardError>,
     pub draft: DraftStats,
     /// Admission to first token.
     pub prefill_time: Duration,
@@ -87,17 +89,17 @@ pub struct Finished<C> {
     /// The stream's cache, and the tokens whose keys and values it holds
     /// (prompt and reply, as far as they were computed): a prefix any later
     /// prompt that starts with these tokens may reuse.
-    pub cache: KvCache,
+    pub cache: K,
     pub tokens: Vec<u32>,
 }
 
-struct Stream<C> {
+struct Stream<C, K> {
     id: StreamId,
     client: C,
     prompt: Vec<u32>,
     /// Prompt tokens in the cache.
     prefilled: usize,
-    cache: KvCache,
+    cache: K,
     /// Prompt and reply so far: what drafters read.
     context: Vec<u32>,
     /// A token already accepted but not yet in the cache.
@@ -110,6 +112,7 @@ struct Stream<C> {
     admitted: Instant,
     first_token: Option<Instant>,
     cancelled: bool,
+    error: Option<ForwardError>,
 }
 
 /// What a stream puts into a round.
@@ -129,17 +132,18 @@ impl Rows {
     }
 }
 
-pub struct Scheduler<C> {
-    streams: Vec<Stream<C>>,
+/// Streams of one model, each with its own cache of type `K`.
+pub struct Scheduler<C, K = KvCache> {
+    streams: Vec<Stream<C, K>>,
     next_id: u64,
     decode_share: f64,
 }
 
-impl<C: Client> Scheduler<C> {
+impl<C: Client, K: Cache> Scheduler<C, K> {
     /// `decode_share`: the share of a round's rows that decoding replies
     /// keep while prompts prefill (clamped to `0.05..=1.0`); the rest go to
     /// prompt chunks.
-    pub fn new(decode_share: f64) -> Scheduler<C> {
+    pub fn new(decode_share: f64) -> Scheduler<C, K> {
         Scheduler {
             streams: Vec::new(),
             next_id: 0,
@@ -156,7 +160,7 @@ impl<C: Client> Scheduler<C> {
         prompt: Vec<u32>,
         budget: usize,
         drafter: Option<Box<dyn Drafter>>,
-        mut cache: KvCache,
+        mut cache: K,
     ) -> StreamId {
         assert!(!prompt.is_empty(), "a stream needs a prompt");
         // The last prompt token always runs, for the first token's logits.
@@ -178,6 +182,7 @@ impl<C: Client> Scheduler<C> {
             admitted: Instant::now(),
             first_token: None,
             cancelled: false,
+            error: None,
         });
         id
     }
@@ -208,8 +213,9 @@ impl<C: Client> Scheduler<C> {
     }
 
     /// Runs one round: a single forward over every stream's rows. Returns
-    /// the streams that ended.
-    pub fn round(&mut self, model: &Model) -> Vec<Finished<C>> {
+    /// the streams that ended; when the forward fails, every stream ends
+    /// with its error.
+    pub fn round<F: Forward<Cache = K>>(&mut self, model: &F) -> Vec<Finished<C, K>> {
         let mut done = self.take(|s| s.cancelled);
         let started = Instant::now();
         let rows = self.plan();
@@ -218,7 +224,7 @@ impl<C: Client> Scheduler<C> {
             return done;
         }
         let logits = {
-            let mut seqs: Vec<Seq<'_>> = self
+            let mut seqs: Vec<Seq<'_, K>> = self
                 .streams
                 .iter_mut()
                 .zip(&rows)
@@ -237,8 +243,18 @@ impl<C: Client> Scheduler<C> {
                 .collect();
             model.forward_batch(&mut seqs)
         };
+        let logits = match logits {
+            Ok(l) => l,
+            Err(e) => {
+                for s in &mut self.streams {
+                    s.error = Some(e.clone());
+                }
+                done.extend(self.take(|_| true));
+                return done;
+            }
+        };
         let elapsed = started.elapsed();
-        let vocab = model.config.vocab_size;
+        let vocab = model.vocab_size();
         for ((s, r), logits) in self.streams.iter_mut().zip(rows).zip(logits) {
             let share = elapsed.mul_f64(r.tokens().len() as f64 / total as f64);
             match r {
@@ -297,7 +313,7 @@ impl<C: Client> Scheduler<C> {
         rows
     }
 
-    fn take(&mut self, ended: impl Fn(&Stream<C>) -> bool) -> Vec<Finished<C>> {
+    fn take(&mut self, ended: impl Fn(&Stream<C, K>) -> bool) -> Vec<Finished<C, K>> {
         let mut done = Vec::new();
         let mut i = 0;
         while i < self.streams.len() {
@@ -313,6 +329,7 @@ impl<C: Client> Scheduler<C> {
                     id: s.id,
                     client: s.client,
                     cancelled: s.cancelled,
+                    error: s.error,
                     draft: s.draft,
                     prefill_time: first - s.admitted,
                     decode_time: now - first,
@@ -327,7 +344,7 @@ impl<C: Client> Scheduler<C> {
     }
 }
 
-impl<C: Client> Stream<C> {
+impl<C: Client, K: Cache> Stream<C, K> {
     /// Hands `token` to the client; it stays pending while the stream goes on.
     fn emit(&mut self, token: u32, row: &[f32]) -> bool {
         self.produced += 1;

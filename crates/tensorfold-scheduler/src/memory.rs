@@ -46,12 +46,18 @@ impl fmt::Display for Bytes {
 /// The limit: `TENSORFOLD_MEMORY_LIMIT_GB` if set, else 70% of the
 /// machine's (or the cgroup's, when smaller) memory.
 pub fn process_limit() -> Result<usize, BudgetError> {
+    limit_of(machine_memory())
+}
+
+/// The limit for a device with `total` bytes of its own memory (a GPU):
+/// `TENSORFOLD_MEMORY_LIMIT_GB` if set, else 70% of `total`.
+pub fn limit_of(total: usize) -> Result<usize, BudgetError> {
     match std::env::var(LIMIT_ENV) {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<f64>() {
             Ok(gb) if gb > 0.0 && gb.is_finite() => Ok((gb * (1u64 << 30) as f64) as usize),
             _ => Err(BudgetError::BadLimit(v)),
         },
-        _ => Ok((machine_memory() as f64 * DEFAULT_FRACTION) as usize),
+        _ => Ok((total as f64 * DEFAULT_FRACTION) as usize),
     }
 }
 

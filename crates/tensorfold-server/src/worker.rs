@@ -123,9 +123,11 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
         }
         metrics.running.store(batch.len() as u64, Ordering::Relaxed);
         for (id, completion) in batch.step() {
-            metrics.record(&completion);
+            if let Ok(c) = &completion {
+                metrics.record(c);
+            }
             if let Some(events) = live.remove(&id) {
-                let _ = events.send(Event::Done(Ok(completion)));
+                let _ = events.send(Event::Done(completion));
             }
         }
     }

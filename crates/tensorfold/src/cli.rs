@@ -102,9 +102,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = tensorfold_engine::DEFAULT_DECODE_SHARE)]
     pub decode_share: f64,
     /// Context window in tokens; default: the largest that fits one request
-    /// in the memory budget (70% of RAM, or TENSORFOLD_MEMORY_LIMIT_GB).
+    /// in the memory budget (70% of RAM or of GPU memory, or
+    /// TENSORFOLD_MEMORY_LIMIT_GB).
     #[arg(long)]
     pub context: Option<usize>,
+    /// Where the model runs: `auto` (a GPU when there is one), `cpu` or `cuda`.
+    #[arg(long, default_value = "auto")]
+    pub backend: tensorfold_engine::BackendChoice,
     /// GiB of retained prompt states for resuming conversations; default:
     /// whatever cache memory running streams leave free.
     #[arg(long)]
@@ -168,6 +172,9 @@ pub struct RunArgs {
     /// Context window in tokens; default: the largest that fits the memory budget.
     #[arg(long)]
     pub context: Option<usize>,
+    /// Where the model runs: `auto` (a GPU when there is one), `cpu` or `cuda`.
+    #[arg(long, default_value = "auto")]
+    pub backend: tensorfold_engine::BackendChoice,
 }
 
 #[derive(Args)]

@@ -4,7 +4,9 @@ use crate::cli::{DraftArgs, InfoArgs, RunArgs, SamplingArgs};
 use anyhow::Result;
 use std::io::Write;
 use std::path::Path;
-use tensorfold_engine::{DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams};
+use tensorfold_engine::{
+    BackendChoice, DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams,
+};
 use tensorfold_models::GenerationDefaults;
 
 /// Flags over the model's own defaults over greedy.
@@ -19,8 +21,15 @@ pub fn sampling(args: &SamplingArgs, defaults: &GenerationDefaults) -> SamplingP
 }
 
 /// Loads the target and sets up drafting as the flags say.
-pub fn load_engine(model: &Path, draft: &DraftArgs, context: Option<usize>) -> Result<Engine> {
+pub fn load_engine(
+    model: &Path,
+    draft: &DraftArgs,
+    backend: BackendChoice,
+    context: Option<usize>,
+) -> Result<Engine> {
     let mut engine = Engine::load(model)?;
+    let device = engine.set_backend(backend)?;
+    tracing::info!("model runs on {device}");
     if let Some(p) = &draft.draft_model {
         engine.set_draft_model(p)?;
     }
@@ -40,7 +49,7 @@ pub fn load_engine(model: &Path, draft: &DraftArgs, context: Option<usize>) -> R
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let engine = load_engine(&args.model, &args.draft, args.context)?;
+    let engine = load_engine(&args.model, &args.draft, args.backend, args.context)?;
     let prompt = if args.chat {
         Prompt::chat_user(&args.prompt)
     } else {

@@ -27,7 +27,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
             tensorfold_registry::fetch_default(&dir).context("fetching the default model")?
         }
     };
-    let mut engine = load_engine(&model, &args.draft, None)?;
+    let mut engine = load_engine(&model, &args.draft, args.backend, None)?;
     engine.set_parallel(args.parallel)?;
     engine.set_decode_share(args.decode_share)?;
     engine.set_context(args.context)?;
@@ -44,7 +44,8 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let memory = engine.memory();
     let per_stream = tensorfold_engine::memory::Bytes(memory.stream_bytes(engine.window()));
     eprintln!(
-        "context window {} tokens ({}); memory budget {} ({} fixed, {} per full-window stream); up to {} streams",
+        "{}: context window {} tokens ({}); memory budget {} ({} fixed, {} per full-window stream); up to {} streams",
+        engine.backend(),
         engine.window(),
         if args.context.is_some() { "--context" } else { "largest that fits" },
         tensorfold_engine::memory::Bytes(memory.limit),

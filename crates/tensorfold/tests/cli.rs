@@ -118,3 +118,36 @@ fn run_prints_the_reply_alone() {
     assert!(String::from_utf8_lossy(&a.stderr).contains("tokens/s"));
     assert!(!String::from_utf8_lossy(&a.stdout).contains("tokens/s"));
 }
+
+#[test]
+fn backends_are_chosen_by_flag_and_refused_cleanly() {
+    let path = tiny_gguf();
+    let run = |backend: &str| {
+        bin()
+            .arg("run")
+            .arg(&path)
+            .args(["--prompt", "hi", "--max-tokens", "4", "--backend", backend])
+            .output()
+            .unwrap()
+    };
+    let (auto, cpu) = (run("auto"), run("cpu"));
+    assert!(
+        cpu.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cpu.stderr)
+    );
+    // Without a GPU in reach, `auto` is the CPU: the same bytes.
+    if !tensorfold_engine::cuda_available() {
+        assert_eq!(auto.stdout, cpu.stdout);
+        let cuda = run("cuda");
+        let err = String::from_utf8_lossy(&cuda.stderr);
+        assert!(!cuda.status.success());
+        assert!(
+            err.contains("backend") && !err.contains("panicked"),
+            "{err}"
+        );
+    }
+    let bad = run("tpu");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected auto, cpu, cuda or metal"));
+}

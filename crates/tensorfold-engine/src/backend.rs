@@ -1,0 +1,301 @@
+//! Where the target model runs: the CPU, an NVIDIA GPU when the crate is
+//! built with the `cuda` feature, or an Apple GPU (Metal) on macOS. Both offer the scheduler the same
+//! [`Forward`] and keep the row invariant, so on either device drafted,
+//! batched and serial replies are the same bytes. The two devices' bits
+//! differ from each other (different kernels): each device's serial decode
+//! is its own reference. Drafters stay on the CPU; they only propose.
+
+use crate::EngineError;
+use std::str::FromStr;
+use tensorfold_kv::{Cache, KvCache};
+use tensorfold_models::{Forward, ForwardError, Model, Seq};
+
+/// The device asked for (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// A GPU when one can be used and holds the model's formats, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+    Metal,
+}
+
+impl FromStr for BackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<BackendChoice, String> {
+        match s {
+            "auto" => Ok(BackendChoice::Auto),
+            "cpu" => Ok(BackendChoice::Cpu),
+            "cuda" => Ok(BackendChoice::Cuda),
+            "metal" => Ok(BackendChoice::Metal),
+            other => Err(format!(
+                "unknown backend {other:?} (expected auto, cpu, cuda or metal)"
+            )),
+        }
+    }
+}
+
+/// Whether a CUDA GPU can be used by this build (the `cuda` feature and a
+/// driver that reports a GPU).
+pub fn cuda_available() -> bool {
+    tensorfold_cuda::available()
+}
+
+/// The device that holds the target's weights for the forward.
+pub(crate) enum Device {
+    Cpu,
+    #[cfg(feature = "cuda")]
+    Cuda(Box<tensorfold_cuda::CudaModel>),
+    #[cfg(target_os = "macos")]
+    Metal(Box<tensorfold_metal::MetalModel>),
+}
+
+impl Device {
+    /// Opens the device `choice` names for `model`. `Auto` takes CUDA GPU 0
+    /// when the driver reports one and the model's formats run there, else
+    /// the Metal device on macOS, else the CPU.
+    pub(crate) fn open(choice: BackendChoice, model: &Model) -> Result<Device, EngineError> {
+        match choice {
+            BackendChoice::Cpu => Ok(Device::Cpu),
+            BackendChoice::Metal => Device::metal(model),
+            BackendChoice::Auto if !tensorfold_cuda::available() => {
+                #[cfg(target_os = "macos")]
+                if tensorfold_metal::available() {
+                    return Device::metal(model);
+                }
+                Ok(Device::Cpu)
+            }
+            BackendChoice::Auto => match Device::cuda(model) {
+                Err(EngineError::Backend(e)) if e.starts_with("not supported") => Ok(Device::Cpu),
+                other => other,
+            },
+            BackendChoice::Cuda => Device::cuda(model),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda(model: &Model) -> Result<Device, EngineError> {
+        tensorfold_cuda::CudaModel::upload(model, 0)
+            .map(|m| Device::Cuda(Box::new(m)))
+            .map_err(|e| EngineError::Backend(e.to_string()))
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn cuda(_model: &Model) -> Result<Device, EngineError> {
+        Err(EngineError::Backend(
+            tensorfold_cuda::CudaError::NotBuilt.to_string(),
+        ))
+    }
+
+    #[cfg(target_os = "macos")]
+    fn metal(model: &Model) -> Result<Device, EngineError> {
+        tensorfold_metal::MetalModel::upload(model)
+            .map(|m| Device::Metal(Box::new(m)))
+            .map_err(|e| EngineError::Backend(e.to_string()))
+    }
+
+    #[cfg(not(target_os = "macos"))]
+    fn metal(_model: &Model) -> Result<Device, EngineError> {
+        Err(EngineError::Backend(
+            "Metal needs macOS with an Apple GPU".into(),
+        ))
+    }
+
+    /// `cpu`, `cuda:0 (device name)` or `metal`.
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".into(),
+            #[cfg(target_os = "macos")]
+            Device::Metal(_) => "metal".into(),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(m) => format!(
+                "cuda:0 ({})",
+                m.device_name().unwrap_or_else(|_| "unknown GPU".into())
+            ),
+        }
+    }
+
+    /// Total bytes of the device's own memory and bytes in use now, for a
+    /// GPU; `None` on the CPU (the process's memory is the budget there).
+    pub(crate) fn device_memory(&self) -> Option<Result<(usize, usize), EngineError>> {
+        match self {
+            Device::Cpu => None,
+            // Unified memory: the process's budget is the GPU's.
+            #[cfg(target_os = "macos")]
+            Device::Metal(_) => None,
+            #[cfg(feature = "cuda")]
+            Device::Cuda(m) => Some(
+                m.device_memory()
+                    .map(|(free, total)| (total, total - free))
+                    .map_err(|e| EngineError::Backend(e.to_string())),
+            ),
+        }
+    }
+
+    /// An empty cache for one sequence, with room for `positions`.
+    pub(crate) fn new_cache(
+        &self,
+        model: &Model,
+        positions: usize,
+    ) -> Result<DeviceCache, EngineError> {
+        match self {
+            Device::Cpu => Ok(DeviceCache::Cpu(KvCache::with_capacity(
+                model.config.kv_shape(),
+                positions,
+            ))),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(m) => m
+                .cache_with_capacity(positions)
+                .map(DeviceCache::Cuda)
+                .map_err(|e| EngineError::Backend(e.to_string())),
+            #[cfg(target_os = "macos")]
+            Device::Metal(m) => Ok(DeviceCache::Metal(m.new_cache())),
+        }
+    }
+}
+
+/// One sequence's keys and values, on the device of its engine.
+pub enum DeviceCache {
+    Cpu(KvCache),
+    #[cfg(feature = "cuda")]
+    Cuda(tensorfold_cuda::CudaKv),
+    #[cfg(target_os = "macos")]
+    Metal(tensorfold_metal::MetalKv),
+}
+
+impl Cache for DeviceCache {
+    fn len(&self) -> usize {
+        match self {
+            DeviceCache::Cpu(c) => c.len(),
+            #[cfg(feature = "cuda")]
+            DeviceCache::Cuda(c) => c.len(),
+            #[cfg(target_os = "macos")]
+            DeviceCache::Metal(c) => c.len(),
+        }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        match self {
+            DeviceCache::Cpu(c) => c.truncate(len),
+            #[cfg(feature = "cuda")]
+            DeviceCache::Cuda(c) => c.truncate(len),
+            #[cfg(target_os = "macos")]
+            DeviceCache::Metal(c) => c.truncate(len),
+        }
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        match self {
+            DeviceCache::Cpu(c) => c.allocated_bytes(),
+            #[cfg(feature = "cuda")]
+            DeviceCache::Cuda(c) => c.allocated_bytes(),
+            #[cfg(target_os = "macos")]
+            DeviceCache::Metal(c) => c.bytes(),
+        }
+    }
+}
+
+impl DeviceCache {
+    /// A copy of the first `len` positions with room for `capacity`;
+    /// `None` when the device cannot hold it now (the prompt then prefills).
+    pub(crate) fn clone_prefix(&self, len: usize, capacity: usize) -> Option<DeviceCache> {
+        match self {
+            DeviceCache::Cpu(c) => Some(DeviceCache::Cpu(c.clone_prefix(len, capacity))),
+            #[cfg(feature = "cuda")]
+            DeviceCache::Cuda(c) => c.clone_prefix(len, capacity).ok().map(DeviceCache::Cuda),
+            #[cfg(target_os = "macos")]
+            DeviceCache::Metal(c) => Some(DeviceCache::Metal(c.clone_prefix(len))),
+        }
+    }
+
+    /// Releases room beyond the stored positions.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        match self {
+            DeviceCache::Cpu(c) => c.shrink_to_fit(),
+            #[cfg(feature = "cuda")]
+            DeviceCache::Cuda(c) => {
+                // A refused reallocation keeps the larger cache, still valid.
+                let _ = c.shrink_to_fit();
+            }
+            // Tensors hold exactly the stored positions.
+            #[cfg(target_os = "macos")]
+            DeviceCache::Metal(_) => {}
+        }
+    }
+}
+
+/// The target's forward on its device.
+pub(crate) struct Target<'a> {
+    pub model: &'a Model,
+    pub device: &'a Device,
+}
+
+#[cfg(any(feature = "cuda", target_os = "macos"))]
+fn foreign_cache() -> ForwardError {
+    ForwardError("a cache from another device".into())
+}
+
+impl Forward for Target<'_> {
+    type Cache = DeviceCache;
+
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    fn forward_batch(
+        &self,
+        seqs: &mut [Seq<'_, DeviceCache>],
+    ) -> Result<Vec<Vec<f32>>, ForwardError> {
+        match self.device {
+            Device::Cpu => {
+                let mut rows = Vec::with_capacity(seqs.len());
+                for s in seqs.iter_mut() {
+                    // A single arm when built without the `cuda` feature.
+                    #[allow(clippy::infallible_destructuring_match)]
+                    let cache = match &mut *s.cache {
+                        DeviceCache::Cpu(c) => c,
+                        #[cfg(any(feature = "cuda", target_os = "macos"))]
+                        _ => return Err(foreign_cache()),
+                    };
+                    rows.push(Seq {
+                        tokens: s.tokens,
+                        cache,
+                        logits: s.logits,
+                    });
+                }
+                Forward::forward_batch(self.model, &mut rows)
+            }
+            #[cfg(feature = "cuda")]
+            Device::Cuda(gpu) => {
+                let mut rows = Vec::with_capacity(seqs.len());
+                for s in seqs.iter_mut() {
+                    let DeviceCache::Cuda(cache) = &mut *s.cache else {
+                        return Err(foreign_cache());
+                    };
+                    rows.push(Seq {
+                        tokens: s.tokens,
+                        cache,
+                        logits: s.logits,
+                    });
+                }
+                Forward::forward_batch(&**gpu, &mut rows)
+            }
+            #[cfg(target_os = "macos")]
+            Device::Metal(gpu) => {
+                let mut rows = Vec::with_capacity(seqs.len());
+                for s in seqs.iter_mut() {
+                    let DeviceCache::Metal(cache) = &mut *s.cache else {
+                        return Err(foreign_cache());
+                    };
+                    rows.push(Seq {
+                        tokens: s.tokens,
+                        cache,
+                        logits: s.logits,
+                    });
+                }
+                Forward::forward_batch(&**gpu, &mut rows)
+            }
+        }
+    }
+}
