@@ -6,6 +6,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::{Encoding, Format, Matrix, Storage};
@@ -164,6 +165,23 @@ pub struct CudaModel {
     scratch: Mutex<Scratch>,
 }
 
+/// `m` as the kernels read it: GGUF and float formats as stored; MLX affine
+/// groups widened to f32 on the host (exactly the values the CPU decodes),
+/// since no kernel reads the affine layouts yet.
+fn on_device(m: &Matrix) -> Result<Cow<'_, Matrix>> {
+    if let Encoding::Plain(_) = m.format() {
+        return Ok(Cow::Borrowed(m));
+    }
+    let (rows, cols) = (m.rows(), m.cols());
+    let mut dense = vec![0f32; rows * cols];
+    for (r, row) in dense.chunks_exact_mut(cols).enumerate() {
+        m.row_f32(r, row);
+    }
+    Matrix::from_f32(Format::F32, rows, cols, &dense)
+        .map(Cow::Owned)
+        .map_err(|e| CudaError::Invalid(e.to_string()))
+}
+
 /// The raw bytes of a matrix as GGUF lays them out.
 fn matrix_bytes(m: &Matrix) -> Vec<u8> {
     match m.storage() {
@@ -171,7 +189,7 @@ fn matrix_bytes(m: &Matrix) -> Vec<u8> {
         Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         Storage::Ggml(b) => b.as_bytes().to_vec(),
-        // `fmt_code` refuses affine weights before their bytes are asked for.
+        // `on_device` widens affine weights before their bytes are asked for.
         Storage::Affine(a) => a.packed_le_bytes(),
     }
 }
@@ -215,6 +233,7 @@ impl CudaModel {
             v.as_deref().map(vec).transpose()
         };
         let mat = |m: &Matrix| -> Result<DevMatrix> {
+            let m = &*on_device(m)?;
             let code = fmt_code(m.format())?;
             if !m.cols().is_multiple_of(32) {
                 return Err(CudaError::Unsupported(format!(
@@ -230,11 +249,16 @@ impl CudaModel {
             })
         };
         let linear = |ms: &[&Matrix]| -> Result<Linear> {
+            let owned = ms
+                .iter()
+                .map(|m| on_device(m))
+                .collect::<Result<Vec<_>>>()?;
+            let ms: Vec<&Matrix> = owned.iter().map(|m| &**m).collect();
             let width = ms.iter().map(|m| m.rows()).sum();
             let same = ms.windows(2).all(|w| w[0].format() == w[1].format());
             if same {
                 let mut bytes = Vec::new();
-                for m in ms {
+                for m in &ms {
                     bytes.extend_from_slice(&matrix_bytes(m));
                 }
                 let code = fmt_code(ms[0].format())?;
@@ -257,7 +281,7 @@ impl CudaModel {
             }
             let mut parts = Vec::new();
             let mut off = 0;
-            for m in ms {
+            for m in &ms {
                 parts.push((mat(m)?, off));
                 off += m.rows();
             }
