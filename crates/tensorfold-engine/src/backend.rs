@@ -299,3 +299,45 @@ impl Forward for Target<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorfold_models::synth::{self, SynthSpec};
+    use tensorfold_models::{Arch, Format};
+
+    #[test]
+    fn backends_parse_and_unknown_ones_are_named() {
+        for (s, b) in [
+            ("auto", BackendChoice::Auto),
+            ("cpu", BackendChoice::Cpu),
+            ("cuda", BackendChoice::Cuda),
+            ("metal", BackendChoice::Metal),
+        ] {
+            assert_eq!(s.parse::<BackendChoice>(), Ok(b));
+        }
+        assert!("gpu".parse::<BackendChoice>().unwrap_err().contains("gpu"));
+    }
+
+    #[test]
+    fn a_device_that_is_not_there_is_refused_and_the_cpu_stays() {
+        let path = std::env::temp_dir().join(format!("backend-{}.gguf", std::process::id()));
+        synth::write_gguf(&path, &SynthSpec::tiny(Arch::Llama, Format::Q8_0, 3)).unwrap();
+        let mut engine = crate::Engine::load(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let window = engine.window();
+        assert_eq!(engine.set_backend(BackendChoice::Cpu).unwrap(), "cpu");
+        if !cuda_available() {
+            let e = engine.set_backend(BackendChoice::Cuda).unwrap_err();
+            assert!(matches!(e, EngineError::Backend(_)), "{e}");
+            assert_eq!(engine.set_backend(BackendChoice::Auto).unwrap(), "cpu");
+        }
+        if !cfg!(target_os = "macos") {
+            assert!(engine.set_backend(BackendChoice::Metal).is_err());
+        }
+        assert_eq!(
+            (engine.backend(), engine.window()),
+            ("cpu".to_string(), window)
+        );
+    }
+}
