@@ -319,7 +319,7 @@ impl Engine {
         Ok(self.device.name())
     }
 
-    /// The device the target runs on: `cpu` or `cuda:N (name)`.
+    /// The device the target runs on: `cpu`, `cuda:N (name)` or `metal`.
     pub fn backend(&self) -> String {
         self.device.name()
     }
