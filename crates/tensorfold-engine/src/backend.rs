@@ -231,11 +231,6 @@ pub(crate) struct Target<'a> {
     pub device: &'a Device,
 }
 
-#[cfg(any(feature = "cuda", target_os = "macos"))]
-fn foreign_cache() -> ForwardError {
-    ForwardError("a cache from another device".into())
-}
-
 impl Forward for Target<'_> {
     type Cache = DeviceCache;
 
@@ -248,56 +243,50 @@ impl Forward for Target<'_> {
         seqs: &mut [Seq<'_, DeviceCache>],
     ) -> Result<Vec<Vec<f32>>, ForwardError> {
         match self.device {
-            Device::Cpu => {
-                let mut rows = Vec::with_capacity(seqs.len());
-                for s in seqs.iter_mut() {
-                    // A single arm when built without the `cuda` feature.
-                    #[allow(clippy::infallible_destructuring_match)]
-                    let cache = match &mut *s.cache {
-                        DeviceCache::Cpu(c) => c,
-                        #[cfg(any(feature = "cuda", target_os = "macos"))]
-                        _ => return Err(foreign_cache()),
-                    };
-                    rows.push(Seq {
-                        tokens: s.tokens,
-                        cache,
-                        logits: s.logits,
-                    });
-                }
-                Forward::forward_batch(self.model, &mut rows)
-            }
+            Device::Cpu => Forward::forward_batch(
+                self.model,
+                &mut on_device(seqs, |c| match c {
+                    DeviceCache::Cpu(c) => Some(c),
+                    #[cfg(any(feature = "cuda", target_os = "macos"))]
+                    _ => None,
+                })?,
+            ),
             #[cfg(feature = "cuda")]
-            Device::Cuda(gpu) => {
-                let mut rows = Vec::with_capacity(seqs.len());
-                for s in seqs.iter_mut() {
-                    let DeviceCache::Cuda(cache) = &mut *s.cache else {
-                        return Err(foreign_cache());
-                    };
-                    rows.push(Seq {
-                        tokens: s.tokens,
-                        cache,
-                        logits: s.logits,
-                    });
-                }
-                Forward::forward_batch(&**gpu, &mut rows)
-            }
+            Device::Cuda(gpu) => Forward::forward_batch(
+                &**gpu,
+                &mut on_device(seqs, |c| match c {
+                    DeviceCache::Cuda(c) => Some(c),
+                    _ => None,
+                })?,
+            ),
             #[cfg(target_os = "macos")]
-            Device::Metal(gpu) => {
-                let mut rows = Vec::with_capacity(seqs.len());
-                for s in seqs.iter_mut() {
-                    let DeviceCache::Metal(cache) = &mut *s.cache else {
-                        return Err(foreign_cache());
-                    };
-                    rows.push(Seq {
-                        tokens: s.tokens,
-                        cache,
-                        logits: s.logits,
-                    });
-                }
-                Forward::forward_batch(&**gpu, &mut rows)
-            }
+            Device::Metal(gpu) => Forward::forward_batch(
+                &**gpu,
+                &mut on_device(seqs, |c| match c {
+                    DeviceCache::Metal(c) => Some(c),
+                    _ => None,
+                })?,
+            ),
         }
     }
+}
+
+/// The batch with each cache as its device's own type; `cache` answers
+/// `None` for a cache that belongs to another device.
+fn on_device<'a, C>(
+    seqs: &'a mut [Seq<'_, DeviceCache>],
+    cache: impl Fn(&'a mut DeviceCache) -> Option<&'a mut C>,
+) -> Result<Vec<Seq<'a, C>>, ForwardError> {
+    seqs.iter_mut()
+        .map(|s| {
+            Ok(Seq {
+                tokens: s.tokens,
+                logits: s.logits,
+                cache: cache(&mut *s.cache)
+                    .ok_or_else(|| ForwardError("a cache from another device".into()))?,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
