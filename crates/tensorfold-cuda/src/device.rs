@@ -770,18 +770,23 @@ impl CudaKv {
     /// A cache holding this one's first `len` positions, with room for
     /// `capacity`: a retained prefix handed to a new sequence.
     pub fn clone_prefix(&self, len: usize, capacity: usize) -> Result<CudaKv> {
-        let mut c = CudaKv {
+        let mut c = self.empty();
+        c.resize(capacity.max(len))?;
+        c.len = len.min(self.len);
+        self.copy_held(&mut c)?;
+        Ok(c)
+    }
+
+    /// An empty cache of the same shape on the same stream.
+    fn empty(&self) -> CudaKv {
+        CudaKv {
             stream: self.stream.clone(),
             layers: self.layers,
             width: self.width,
             cap: 0,
             len: 0,
             kv: None,
-        };
-        c.resize(capacity.max(len))?;
-        c.len = len.min(self.len);
-        self.copy_held(&mut c)?;
-        Ok(c)
+        }
     }
 
     /// Releases room beyond the stored positions (a cache kept for reuse).
@@ -807,12 +812,9 @@ impl CudaKv {
             return Ok(());
         }
         let mut next = CudaKv {
-            stream: self.stream.clone(),
-            layers: self.layers,
-            width: self.width,
             cap,
             len: self.len.min(cap),
-            kv: None,
+            ..self.empty()
         };
         if cap > 0 {
             let n = self.layers * cap * self.width;
