@@ -89,6 +89,116 @@ __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const f
     }
 }
 
+// Many rows: exactly tf_matmul's per-element order (lane l owns units l,
+// l + 32, ...), with each 32-unit stretch of the block's R input rows
+// staged once in shared memory and read there by all its warps, instead of
+// every warp fetching its own lane-strided copy from global memory.
+// A staged unit takes 36 floats (32 + 4 padding) so the eight lanes of a
+// quarter warp read their float4s from distinct banks.
+#define TF_STAGE_STRIDE 36
+
+template <int FMT, int R, int C>
+__device__ __forceinline__ void tf_matmul_staged(const uint8_t* __restrict__ W, const float* __restrict__ x,
+                                                 float* __restrict__ y, int M, int N, int K, int ldy,
+                                                 int accumulate) {
+    extern __shared__ float4 staged4[];
+    float* xs = reinterpret_cast<float*>(staged4);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = (blockIdx.x * TF_WARPS + warp) * C;
+    const bool live = j0 < N;  // no early return: the block stages together
+    const int i0 = blockIdx.y * R;
+    const size_t rb = tf_row_bytes(FMT, K);
+    const uint8_t* wr[C];
+#pragma unroll
+    for (int c = 0; c < C; c++) wr[c] = W + (size_t)min(j0 + c, N - 1) * rb;
+
+    float acc[R][C];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) acc[r][c] = 0.f;
+
+    const int units = K >> 5;
+    for (int u0 = 0; u0 < units; u0 += 32) {
+        const int held = min(32, units - u0);
+        __syncthreads();
+        for (int f = threadIdx.x; f < R * 32 * 8; f += TF_WARPS * 32) {
+            const int r = f >> 8, uu = (f >> 3) & 31, q = f & 7;
+            if (uu < held) {
+                const float* src = x + (size_t)min(i0 + r, M - 1) * K + 32 * (u0 + uu) + 4 * q;
+                *reinterpret_cast<float4*>(xs + (r * 32 + uu) * TF_STAGE_STRIDE + 4 * q) =
+                    *reinterpret_cast<const float4*>(src);
+            }
+        }
+        __syncthreads();
+        if (!live || lane >= held) continue;
+        const int u = u0 + lane;
+        TfUnit t[C];
+#pragma unroll
+        for (int c = 0; c < C; c++) t[c] = tf_prep<FMT>(wr[c], u);
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            float w[C][8];
+#pragma unroll
+            for (int c = 0; c < C; c++) tf_get8<FMT>(t[c], s, w[c]);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float4* p = reinterpret_cast<const float4*>(xs + (r * 32 + lane) * TF_STAGE_STRIDE + 8 * s);
+                const float4 a = p[0], b = p[1];
+                const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                for (int c = 0; c < C; c++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[r][c] = __fmaf_rn(w[c][e], xv[e], acc[r][c]);
+            }
+        }
+    }
+    if (!live) return;
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            float v = acc[r][c];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+            acc[r][c] = v;
+        }
+    // Every lane holds every sum now; lanes share the stores.
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int i = i0 + r;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const int j = j0 + c;
+            if (lane == ((r * C + c) & 31) && i < M && j < N) {
+                float* o = y + (size_t)i * ldy + j;
+                *o = accumulate ? __fadd_rn(*o, acc[r][c]) : acc[r][c];
+            }
+        }
+    }
+}
+
+// Rows whose width is not a multiple of 32 (tiny models), f32 weights only:
+// lane l takes inputs l, l + 32, ... in order, then the same xor tree. One
+// warp per (row, output); the order depends on K alone.
+extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)
+    mm_f32_any(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int M, int N,
+               int K, int ldy, int accumulate) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j = blockIdx.x * TF_WARPS + warp, i = blockIdx.y;
+    if (j >= N || i >= M) return;
+    const float* wr = W + (size_t)j * K;
+    const float* xr = x + (size_t)i * K;
+    float v = 0.f;
+    for (int k = lane; k < K; k += 32) v = __fmaf_rn(__ldg(wr + k), xr[k], v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if (lane == 0) {
+        float* o = y + (size_t)i * ldy + j;
+        *o = accumulate ? __fadd_rn(*o, v) : v;
+    }
+}
+
 #define TF_MM(NAME, FMT, R, C)                                                                  \
     extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)                                 \
         NAME##_r##R##_c##C(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
@@ -96,13 +206,23 @@ __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const f
         tf_matmul<FMT, R, C>(W, x, y, M, N, K, ldy, accumulate);                                \
     }
 
-#define TF_MM_ALL(NAME, FMT) \
-    TF_MM(NAME, FMT, 1, 1)   \
-    TF_MM(NAME, FMT, 2, 2)   \
-    TF_MM(NAME, FMT, 4, 2)   \
-    TF_MM(NAME, FMT, 8, 4)   \
-    TF_MM(NAME, FMT, 1, 4)   \
-    TF_MM(NAME, FMT, 2, 4)
+#define TF_MM_STAGED(NAME, FMT, R, C)                                                           \
+    extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)                                 \
+        NAME##_s##R##_c##C(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
+                           int ldy, int accumulate) {                                           \
+        tf_matmul_staged<FMT, R, C>(W, x, y, M, N, K, ldy, accumulate);                         \
+    }
+
+#define TF_MM_ALL(NAME, FMT)      \
+    TF_MM(NAME, FMT, 1, 1)        \
+    TF_MM(NAME, FMT, 2, 2)        \
+    TF_MM(NAME, FMT, 4, 2)        \
+    TF_MM(NAME, FMT, 8, 4)        \
+    TF_MM(NAME, FMT, 1, 4)        \
+    TF_MM(NAME, FMT, 2, 4)        \
+    TF_MM_STAGED(NAME, FMT, 16, 4) \
+    TF_MM_STAGED(NAME, FMT, 8, 8)  \
+    TF_MM_STAGED(NAME, FMT, 16, 8)
 
 TF_MM_ALL(mm_f32, TF_F32)
 TF_MM_ALL(mm_f16, TF_F16)

@@ -49,6 +49,12 @@ __device__ void tf_embed(const uint8_t* W, const long long* tokens, float* out, 
 }
 
 extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tokens, float* out, int K) {
+    if (K & 31) {
+        // Rows narrower than whole units come as f32 (the host widens them).
+        const float* row = reinterpret_cast<const float*>(W) + (size_t)tokens[blockIdx.x] * K;
+        for (int i = threadIdx.x; i < K; i += blockDim.x) out[(size_t)blockIdx.x * K + i] = row[i];
+        return;
+    }
     switch (fmt) {
         case TF_F32: tf_embed<TF_F32>(W, tokens, out, K); break;
         case TF_F16: tf_embed<TF_F16>(W, tokens, out, K); break;

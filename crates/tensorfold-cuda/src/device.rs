@@ -1,12 +1,14 @@
 //! The model on the device, its per-sequence caches and the forward.
 
 use crate::CudaError;
+use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::{Encoding, Format, Matrix, Storage};
@@ -30,10 +32,56 @@ const FORMATS: [(Format, &str); 9] = [
     (Format::Q6K, "q6k"),
 ];
 
-/// Register tiles of the matmul: (rows, columns) per warp. They only group
-/// accumulators; every tile computes each element in the same order.
-const TILES: [(usize, usize); 6] = [(1, 1), (2, 2), (4, 2), (8, 4), (1, 4), (2, 4)];
+/// A register tile of the matmul: rows and columns per warp, and whether
+/// the block stages its input rows in shared memory (for many rows). Tiles
+/// only group accumulators; every tile computes each element in the same
+/// order, so the choice is free to follow the call's shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tile {
+    rows: usize,
+    cols: usize,
+    staged: bool,
+}
+
+const fn tile(rows: usize, cols: usize, staged: bool) -> Tile {
+    Tile { rows, cols, staged }
+}
+
+/// Every tile `kernels/cuda/matmul.cu` instantiates.
+const TILES: [Tile; 9] = [
+    tile(1, 1, false),
+    tile(2, 2, false),
+    tile(4, 2, false),
+    tile(8, 4, false),
+    tile(1, 4, false),
+    tile(2, 4, false),
+    tile(16, 4, true),
+    tile(8, 8, true),
+    tile(16, 8, true),
+];
 const MM_WARPS: usize = 4;
+/// Floats one staged unit of 32 inputs takes in shared memory (`TF_STAGE_STRIDE`).
+const STAGE_STRIDE: usize = 36;
+/// Rows from which a call uses the staged kernels.
+const STAGED_FROM: usize = 32;
+/// The staged tile used unless `TENSORFOLD_CUDA_TILE` names another.
+const STAGED_DEFAULT: usize = 8;
+
+impl Tile {
+    fn kernel(&self, format: &str) -> String {
+        let kind = if self.staged { 's' } else { 'r' };
+        format!("mm_{format}_{kind}{}_c{}", self.rows, self.cols)
+    }
+
+    /// Dynamic shared memory of one block.
+    fn shared_bytes(&self) -> usize {
+        if self.staged {
+            self.rows * 32 * STAGE_STRIDE * 4
+        } else {
+            0
+        }
+    }
+}
 
 fn fmt_code(e: Encoding) -> Result<usize> {
     let Encoding::Plain(f) = e else {
@@ -49,7 +97,7 @@ fn fmt_code(e: Encoding) -> Result<usize> {
 /// (speed only: see `TILES`). Few rows are bound by loads of the input, so
 /// wide matrices share each input load over four columns; narrow ones keep
 /// one column per warp to fill the GPU.
-fn tile_for(m: usize, n: usize) -> usize {
+fn tile_for(m: usize, n: usize, staged: usize) -> usize {
     let wide = n >= 2048;
     match m {
         1 if wide => 4,
@@ -57,14 +105,32 @@ fn tile_for(m: usize, n: usize) -> usize {
         2 if wide => 5,
         2 => 1,
         3..=4 => 2,
+        m if m >= STAGED_FROM => staged,
         _ => 3,
     }
+}
+
+/// The staged tile for many rows: `TENSORFOLD_CUDA_TILE=s16c8` (a kernel
+/// suffix) picks another for tuning; bits do not change with it.
+fn staged_tile() -> usize {
+    let wanted = std::env::var("TENSORFOLD_CUDA_TILE").ok();
+    wanted
+        .and_then(|w| {
+            TILES
+                .iter()
+                .position(|t| t.staged && format!("s{}c{}", t.rows, t.cols) == w)
+        })
+        .unwrap_or(STAGED_DEFAULT)
 }
 
 struct Kernels {
     _modules: [Arc<CudaModule>; 2],
     /// `[format][tile]`.
     matmul: Vec<Vec<CudaFunction>>,
+    /// f32 rows of any width (not a multiple of 32).
+    matmul_any: CudaFunction,
+    /// Index in `TILES` of the tile for many rows.
+    staged: usize,
     embed: CudaFunction,
     rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
@@ -79,13 +145,22 @@ impl Kernels {
         let mut matmul = Vec::new();
         for (_, name) in FORMATS {
             let mut per = Vec::new();
-            for (r, c) in TILES {
-                per.push(mm.load_function(&format!("mm_{name}_r{r}_c{c}"))?);
+            for t in TILES {
+                let f = mm.load_function(&t.kernel(name))?;
+                if t.staged {
+                    f.set_attribute(
+                        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        t.shared_bytes() as i32,
+                    )?;
+                }
+                per.push(f);
             }
             matmul.push(per);
         }
         Ok(Kernels {
             matmul,
+            matmul_any: mm.load_function("mm_f32_any")?,
+            staged: staged_tile(),
             embed: ops.load_function("embed")?,
             rmsnorm: ops.load_function("rmsnorm")?,
             qkv_post: ops.load_function("qkv_post")?,
@@ -135,6 +210,7 @@ struct Scratch {
     bufs: Option<Bufs>,
     rope_len: usize,
     rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    graphs: Graphs,
 }
 
 struct Bufs {
@@ -148,6 +224,54 @@ struct Bufs {
     picked: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     meta: CudaSlice<u64>,
+}
+
+/// Device addresses and sizes of one forward: everything its launches take.
+struct Plan {
+    m: usize,
+    seqs: usize,
+    picks: usize,
+    tokens: u64,
+    pos: u64,
+    seq: u64,
+    k_base: u64,
+    v_base: u64,
+    cap: u64,
+    pick: u64,
+    cos: u64,
+    sin: u64,
+    x: u64,
+    xn: u64,
+    qkv: u64,
+    q: u64,
+    attn: u64,
+    gu: u64,
+    act: u64,
+    picked: u64,
+    logits: u64,
+}
+
+/// Forwards of at most this many rows run as captured graphs.
+const GRAPH_MAX_ROWS: usize = 64;
+/// Distinct shapes kept as graphs.
+const GRAPH_SLOTS: usize = 128;
+
+/// Graphs by (rows, sequences, picked rows). Cleared whenever a buffer
+/// they point into is reallocated.
+type Graphs = HashMap<(usize, usize, usize), GraphSlot>;
+
+enum GraphSlot {
+    /// Run directly this many times so far.
+    Seen(u32),
+    Ready(CudaGraph),
+    /// The driver would not capture it.
+    Refused,
+}
+
+impl Default for GraphSlot {
+    fn default() -> Self {
+        GraphSlot::Seen(0)
+    }
 }
 
 /// A decoder whose weights live on one GPU.
@@ -166,11 +290,14 @@ pub struct CudaModel {
 }
 
 /// `m` as the kernels read it: GGUF and float formats as stored; MLX affine
-/// groups widened to f32 on the host (exactly the values the CPU decodes),
-/// since no kernel reads the affine layouts yet.
+/// groups, and float rows whose width is not a multiple of 32, widened to
+/// f32 on the host (exactly the values the CPU decodes), since the unit
+/// kernels read neither.
 fn on_device(m: &Matrix) -> Result<Cow<'_, Matrix>> {
-    if let Encoding::Plain(_) = m.format() {
-        return Ok(Cow::Borrowed(m));
+    match m.format() {
+        Encoding::Plain(Format::F32) => return Ok(Cow::Borrowed(m)),
+        Encoding::Plain(_) if m.cols().is_multiple_of(32) => return Ok(Cow::Borrowed(m)),
+        _ => {}
     }
     let (rows, cols) = (m.rows(), m.cols());
     let mut dense = vec![0f32; rows * cols];
@@ -225,7 +352,8 @@ impl CudaModel {
         // SAFETY: every launch and copy of this model goes to its one stream,
         // in order, so no cross-stream events are needed.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // Graph capture needs a stream of its own (not the legacy default).
+        let stream = ctx.new_stream()?;
         let k = Kernels::load(&ctx)?;
 
         let vec = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
@@ -235,12 +363,6 @@ impl CudaModel {
         let mat = |m: &Matrix| -> Result<DevMatrix> {
             let m = &*on_device(m)?;
             let code = fmt_code(m.format())?;
-            if !m.cols().is_multiple_of(32) {
-                return Err(CudaError::Unsupported(format!(
-                    "{} inputs per row (a multiple of 32)",
-                    m.cols()
-                )));
-            }
             Ok(DevMatrix {
                 code,
                 rows: m.rows(),
@@ -262,12 +384,6 @@ impl CudaModel {
                     bytes.extend_from_slice(&matrix_bytes(m));
                 }
                 let code = fmt_code(ms[0].format())?;
-                if !ms[0].cols().is_multiple_of(32) {
-                    return Err(CudaError::Unsupported(format!(
-                        "{} inputs per row (a multiple of 32)",
-                        ms[0].cols()
-                    )));
-                }
                 let fused = DevMatrix {
                     code,
                     rows: width,
@@ -392,17 +508,27 @@ impl CudaModel {
         ldy: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let t = tile_for(m, w.rows);
-        let (r, c) = TILES[t];
-        let f = &self.k.matmul[w.code][t];
-        let cfg = LaunchConfig {
-            grid_dim: (
-                w.rows.div_ceil(MM_WARPS * c) as u32,
-                m.div_ceil(r) as u32,
-                1,
-            ),
-            block_dim: ((MM_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: 0,
+        let (f, cfg) = if w.cols.is_multiple_of(32) {
+            let t = tile_for(m, w.rows, self.k.staged);
+            let tile = TILES[t];
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    w.rows.div_ceil(MM_WARPS * tile.cols) as u32,
+                    m.div_ceil(tile.rows) as u32,
+                    1,
+                ),
+                block_dim: ((MM_WARPS * 32) as u32, 1, 1),
+                shared_mem_bytes: tile.shared_bytes() as u32,
+            };
+            (&self.k.matmul[w.code][t], cfg)
+        } else {
+            // Only f32 rows come this narrow (`on_device`).
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows.div_ceil(MM_WARPS) as u32, m as u32, 1),
+                block_dim: ((MM_WARPS * 32) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            (&self.k.matmul_any, cfg)
         };
         let wp = ptr(&w.data, &self.stream);
         let (mi, n, k, ld, acc) = (
@@ -463,6 +589,7 @@ impl CudaModel {
             c.intermediate_size,
         );
         let st = &self.stream;
+        s.graphs.clear();
         s.bufs = None;
         s.bufs = Some(Bufs {
             x: st.alloc_zeros(rows * h)?,
@@ -501,93 +628,79 @@ impl CudaModel {
                 sin.push(angle.sin() as f32);
             }
         }
+        s.graphs.clear();
         s.rope = Some((self.stream.clone_htod(&cos)?, self.stream.clone_htod(&sin)?));
         s.rope_len = len;
         Ok(())
     }
 
-    /// Runs several sequences in one forward: their rows share every matmul
-    /// and each attends only to its own cache. Each sequence's logits are
-    /// bitwise those it would get alone, in any chunking. Returns each
-    /// sequence's requested logits rows, shaped like
-    /// [`Model::forward_batch`]'s.
-    pub fn forward_batch(&self, seqs: &mut [Seq<'_, CudaKv>]) -> Result<Vec<Vec<f32>>> {
-        let c = &self.config;
-        let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-        if m == 0 {
-            return Ok(vec![Vec::new(); seqs.len()]);
+    /// Replays the graph captured for this plan's shape, capturing it the
+    /// second time a shape comes (a one-off shape is not worth the capture);
+    /// shapes with many rows, where kernel time dwarfs launch time, and
+    /// devices that refuse capture run the launches directly.
+    fn run(&self, graphs: &mut Graphs, plan: &Plan) -> Result<()> {
+        if plan.m > GRAPH_MAX_ROWS {
+            return self.enqueue(plan);
         }
-        let (h, ff, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
-        let ns = seqs.len();
-        let mut max_pos = 0;
-        for s in seqs.iter_mut() {
-            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(CudaError::Invalid(format!(
-                    "token {t} outside the vocabulary of {vocab}"
-                )));
+        let full = graphs.len() >= GRAPH_SLOTS;
+        let key = (plan.m, plan.seqs, plan.picks);
+        if full && !graphs.contains_key(&key) {
+            return self.enqueue(plan);
+        }
+        let slot = graphs.entry(key).or_default();
+        if let GraphSlot::Ready(g) = slot {
+            return Ok(g.launch()?);
+        }
+        match slot {
+            GraphSlot::Seen(0) => {
+                *slot = GraphSlot::Seen(1);
+                self.enqueue(plan)
             }
-            let need = s.cache.len + s.tokens.len();
-            s.cache.reserve(need)?;
-            max_pos = max_pos.max(need);
+            GraphSlot::Seen(_) => match self.capture(plan)? {
+                Some(g) => {
+                    g.launch()?;
+                    *slot = GraphSlot::Ready(g);
+                    Ok(())
+                }
+                None => {
+                    *slot = GraphSlot::Refused;
+                    self.enqueue(plan)
+                }
+            },
+            _ => self.enqueue(plan),
         }
+    }
 
-        // One upload of everything the kernels index by row or sequence.
-        let mut meta: Vec<u64> = Vec::with_capacity(3 * m + 3 * ns + m);
-        for s in seqs.iter() {
-            meta.extend(s.tokens.iter().map(|&t| t as u64));
+    /// Records `plan`'s launches as a graph without running them; `None`
+    /// when the driver will not capture.
+    fn capture(&self, plan: &Plan) -> Result<Option<CudaGraph>> {
+        if self
+            .stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .is_err()
+        {
+            return Ok(None);
         }
-        for s in seqs.iter() {
-            meta.extend((s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u64));
-        }
-        for (i, s) in seqs.iter().enumerate() {
-            meta.extend(std::iter::repeat_n(i as u64, s.tokens.len()));
-        }
-        let mut counts = Vec::with_capacity(ns);
-        let mut row = 0;
-        let mut picks = Vec::new();
-        for s in seqs.iter() {
-            let want = s.logits.rows(s.tokens.len());
-            counts.push(want.len());
-            picks.extend(want.map(|r| (row + r) as u64));
-            row += s.tokens.len();
-        }
-        for s in seqs.iter() {
-            meta.push(s.cache.ptrs().0);
-        }
-        for s in seqs.iter() {
-            meta.push(s.cache.ptrs().1);
-        }
-        for s in seqs.iter() {
-            meta.push(s.cache.cap as u64);
-        }
-        let n = picks.len();
-        meta.extend(picks);
+        let queued = self.enqueue(plan);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = self.stream.end_capture(CUgraphInstantiate_flags(0));
+        queued?;
+        Ok(graph.ok().flatten())
+    }
 
-        let mut guard = self.scratch.lock().expect("scratch lock");
-        let sc = &mut *guard;
-        self.ensure_scratch(sc, m, n, meta.len())?;
-        self.ensure_rope(sc, max_pos)?;
+    /// Queues the whole forward of `plan`: embedding, every layer, and the
+    /// head over the picked rows. Its launches depend on the plan's shape
+    /// and buffers only (positions, tokens and caches are read from `meta`
+    /// on the device), which is what lets a captured graph be replayed.
+    fn enqueue(&self, p: &Plan) -> Result<()> {
+        let c = &self.config;
         let st = &self.stream;
-        let bufs = sc.bufs.as_mut().expect("scratch");
-        st.memcpy_htod(&meta, &mut bufs.meta)?;
-        let (cos, sin) = sc.rope.as_ref().expect("rope");
-        let (cos, sin) = (ptr(cos, st), ptr(sin, st));
-        let bufs = sc.bufs.as_ref().expect("scratch");
-        let mp = ptr(&bufs.meta, st);
-        let (tokens_p, pos_p, seq_p) = (mp, mp + 8 * m as u64, mp + 16 * m as u64);
-        let kb_p = mp + 24 * m as u64;
-        let (vb_p, cap_p) = (kb_p + 8 * ns as u64, kb_p + 16 * ns as u64);
-        let pick_p = kb_p + 24 * ns as u64;
-        let (x, xn, qkv, q, attn, gu, act) = (
-            ptr(&bufs.x, st),
-            ptr(&bufs.xn, st),
-            ptr(&bufs.qkv, st),
-            ptr(&bufs.q, st),
-            ptr(&bufs.attn, st),
-            ptr(&bufs.gu, st),
-            ptr(&bufs.act, st),
-        );
-
+        let (h, ff, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let m = p.m;
+        let (x, xn, qkv, q, attn, gu, act) = (p.x, p.xn, p.qkv, p.q, p.attn, p.gu, p.act);
+        let (cos, sin) = (p.cos, p.sin);
+        let (tokens_p, pos_p, seq_p) = (p.tokens, p.pos, p.seq);
+        let (kb_p, vb_p, cap_p) = (p.k_base, p.v_base, p.cap);
         {
             let (code, wp, hk) = (self.embed.code as i32, ptr(&self.embed.data, st), h as i32);
             let mut b = st.launch_builder(&self.k.embed);
@@ -689,13 +802,109 @@ impl CudaModel {
             self.matmul(&b.down, act, x, m, h, true)?;
         }
 
+        if p.picks > 0 {
+            self.rmsnorm(x, p.pick, ptr(&self.norm, st), p.picked, p.picks, h)?;
+            let head = self.head.as_ref().unwrap_or(&self.embed);
+            self.matmul(head, p.picked, p.logits, p.picks, vocab, false)?;
+        }
+        Ok(())
+    }
+
+    /// Runs several sequences in one forward: their rows share every matmul
+    /// and each attends only to its own cache. Each sequence's logits are
+    /// bitwise those it would get alone, in any chunking. Returns each
+    /// sequence's requested logits rows, shaped like
+    /// [`Model::forward_batch`]'s.
+    pub fn forward_batch(&self, seqs: &mut [Seq<'_, CudaKv>]) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if m == 0 {
+            return Ok(vec![Vec::new(); seqs.len()]);
+        }
+        let vocab = c.vocab_size;
+        let ns = seqs.len();
+        let mut max_pos = 0;
+        for s in seqs.iter_mut() {
+            if let Some(&t) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(CudaError::Invalid(format!(
+                    "token {t} outside the vocabulary of {vocab}"
+                )));
+            }
+            let need = s.cache.len + s.tokens.len();
+            s.cache.reserve(need)?;
+            max_pos = max_pos.max(need);
+        }
+
+        // One upload of everything the kernels index by row or sequence.
+        let mut meta: Vec<u64> = Vec::with_capacity(3 * m + 3 * ns + m);
+        for s in seqs.iter() {
+            meta.extend(s.tokens.iter().map(|&t| t as u64));
+        }
+        for s in seqs.iter() {
+            meta.extend((s.cache.len..s.cache.len + s.tokens.len()).map(|p| p as u64));
+        }
+        for (i, s) in seqs.iter().enumerate() {
+            meta.extend(std::iter::repeat_n(i as u64, s.tokens.len()));
+        }
+        let mut counts = Vec::with_capacity(ns);
+        let mut row = 0;
+        let mut picks = Vec::new();
+        for s in seqs.iter() {
+            let want = s.logits.rows(s.tokens.len());
+            counts.push(want.len());
+            picks.extend(want.map(|r| (row + r) as u64));
+            row += s.tokens.len();
+        }
+        for s in seqs.iter() {
+            meta.push(s.cache.ptrs().0);
+        }
+        for s in seqs.iter() {
+            meta.push(s.cache.ptrs().1);
+        }
+        for s in seqs.iter() {
+            meta.push(s.cache.cap as u64);
+        }
+        let n = picks.len();
+        meta.extend(picks);
+
+        let mut guard = self.scratch.lock().expect("scratch lock");
+        let sc = &mut *guard;
+        self.ensure_scratch(sc, m, n, meta.len())?;
+        self.ensure_rope(sc, max_pos)?;
+        let st = &self.stream;
+        let bufs = sc.bufs.as_mut().expect("scratch");
+        st.memcpy_htod(&meta, &mut bufs.meta)?;
+        let (cos, sin) = sc.rope.as_ref().expect("rope");
+        let bufs = sc.bufs.as_ref().expect("scratch");
+        let mp = ptr(&bufs.meta, st);
+        let kb = mp + 24 * m as u64;
+        let plan = Plan {
+            m,
+            seqs: ns,
+            picks: n,
+            tokens: mp,
+            pos: mp + 8 * m as u64,
+            seq: mp + 16 * m as u64,
+            k_base: kb,
+            v_base: kb + 8 * ns as u64,
+            cap: kb + 16 * ns as u64,
+            pick: kb + 24 * ns as u64,
+            cos: ptr(cos, st),
+            sin: ptr(sin, st),
+            x: ptr(&bufs.x, st),
+            xn: ptr(&bufs.xn, st),
+            qkv: ptr(&bufs.qkv, st),
+            q: ptr(&bufs.q, st),
+            attn: ptr(&bufs.attn, st),
+            gu: ptr(&bufs.gu, st),
+            act: ptr(&bufs.act, st),
+            picked: ptr(&bufs.picked, st),
+            logits: ptr(&bufs.logits, st),
+        };
+        self.run(&mut sc.graphs, &plan)?;
+
         let mut out = Vec::with_capacity(ns);
         if n > 0 {
-            let picked = ptr(&bufs.picked, st);
-            let logits = ptr(&bufs.logits, st);
-            self.rmsnorm(x, pick_p, ptr(&self.norm, st), picked, n, h)?;
-            let head = self.head.as_ref().unwrap_or(&self.embed);
-            self.matmul(head, picked, logits, n, vocab, false)?;
             let mut host = vec![0f32; n * vocab];
             st.memcpy_dtoh(&bufs.logits.slice(..n * vocab), &mut host)?;
             let mut rest = host.as_slice();
