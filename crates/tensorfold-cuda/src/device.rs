@@ -263,10 +263,19 @@ type Graphs = HashMap<(usize, usize, usize), GraphSlot>;
 enum GraphSlot {
     /// Run directly this many times so far.
     Seen(u32),
-    Ready(CudaGraph),
+    Ready(Graph),
     /// The driver would not capture it.
     Refused,
 }
+
+/// A captured graph that may move between threads with its model.
+struct Graph(CudaGraph);
+
+// SAFETY: a graph is launched only while its model's scratch lock is held,
+// on the model's stream, and cudarc binds the context to the calling thread
+// before every launch; CUDA allows an executable graph to be launched from
+// any thread of its context.
+unsafe impl Send for Graph {}
 
 impl Default for GraphSlot {
     fn default() -> Self {
@@ -649,7 +658,7 @@ impl CudaModel {
         }
         let slot = graphs.entry(key).or_default();
         if let GraphSlot::Ready(g) = slot {
-            return Ok(g.launch()?);
+            return Ok(g.0.launch()?);
         }
         match slot {
             GraphSlot::Seen(0) => {
@@ -659,7 +668,7 @@ impl CudaModel {
             GraphSlot::Seen(_) => match self.capture(plan)? {
                 Some(g) => {
                     g.launch()?;
-                    *slot = GraphSlot::Ready(g);
+                    *slot = GraphSlot::Ready(Graph(g));
                     Ok(())
                 }
                 None => {
