@@ -24,11 +24,13 @@
 #define TF_Q6K 8
 
 __device__ __forceinline__ float tf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+// Quantized blocks are read with plain loads: the tensor-core kernels
+// decode them from shared memory, the others from global memory.
 __device__ __forceinline__ uint16_t tf_ld16(const uint8_t* p) {
-    return __ldg(reinterpret_cast<const unsigned short*>(p));
+    return *reinterpret_cast<const unsigned short*>(p);
 }
 __device__ __forceinline__ uint32_t tf_ld32(const uint8_t* p) {
-    return __ldg(reinterpret_cast<const unsigned int*>(p));
+    return *reinterpret_cast<const unsigned int*>(p);
 }
 // Eight bytes from a 2-byte aligned address.
 __device__ __forceinline__ void tf_ld8_a2(const uint8_t* p, uint8_t b[8]) {
@@ -50,12 +52,19 @@ __device__ __forceinline__ void tf_ld8_a4(const uint8_t* p, uint8_t b[8]) {
 }
 // Eight bytes from an 8-byte aligned address.
 __device__ __forceinline__ void tf_ld8_a8(const uint8_t* p, uint8_t b[8]) {
-    uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    uint2 v = *reinterpret_cast<const uint2*>(p);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         b[i] = (v.x >> (8 * i)) & 0xFF;
         b[4 + i] = (v.y >> (8 * i)) & 0xFF;
     }
+}
+
+// The fixed xor tree over a warp's 32 lane values: every lane gets the sum.
+__device__ __forceinline__ float tf_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
 }
 
 // What one lane keeps about one unit of one weight row.
@@ -66,7 +75,7 @@ struct TfUnit {
 };
 
 // Bytes one row of `k` inputs takes.
-__host__ __device__ inline size_t tf_row_bytes(int fmt, int k) {
+__host__ __device__ constexpr size_t tf_row_bytes(int fmt, int k) {
     switch (fmt) {
         case TF_F32: return (size_t)k * 4;
         case TF_F16:

@@ -12,6 +12,14 @@
 
 #define TF_WARPS 4
 
+// The C weight rows j0.. a warp reads (clamped at the last row).
+template <int FMT, int C>
+__device__ __forceinline__ void tf_weight_rows(const uint8_t* W, int j0, int N, int K, const uint8_t* wr[C]) {
+    const size_t rb = tf_row_bytes(FMT, K);
+#pragma unroll
+    for (int c = 0; c < C; c++) wr[c] = W + (size_t)min(j0 + c, N - 1) * rb;
+}
+
 template <int FMT, int R, int C>
 __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                           float* __restrict__ y, int M, int N, int K, int ldy,
@@ -20,19 +28,13 @@ __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const f
     const int j0 = (blockIdx.x * TF_WARPS + warp) * C;
     if (j0 >= N) return;
     const int i0 = blockIdx.y * R;
-    const size_t rb = tf_row_bytes(FMT, K);
     const float* xr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) xr[r] = x + (size_t)min(i0 + r, M - 1) * K;
     const uint8_t* wr[C];
-#pragma unroll
-    for (int c = 0; c < C; c++) wr[c] = W + (size_t)min(j0 + c, N - 1) * rb;
+    tf_weight_rows<FMT, C>(W, j0, N, K, wr);
 
-    float acc[R][C];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < C; c++) acc[r][c] = 0.f;
+    float acc[R][C] = {};
 
     const int units = K >> 5;
     // Unrolled so several units' loads are in flight; each accumulator still
@@ -66,12 +68,7 @@ __device__ __forceinline__ void tf_matmul(const uint8_t* __restrict__ W, const f
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            float v = acc[r][c];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-            acc[r][c] = v;
-        }
+        for (int c = 0; c < C; c++) acc[r][c] = tf_warp_sum(acc[r][c]);
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -107,16 +104,10 @@ __device__ __forceinline__ void tf_matmul_staged(const uint8_t* __restrict__ W, 
     const int j0 = (blockIdx.x * TF_WARPS + warp) * C;
     const bool live = j0 < N;  // no early return: the block stages together
     const int i0 = blockIdx.y * R;
-    const size_t rb = tf_row_bytes(FMT, K);
     const uint8_t* wr[C];
-#pragma unroll
-    for (int c = 0; c < C; c++) wr[c] = W + (size_t)min(j0 + c, N - 1) * rb;
+    tf_weight_rows<FMT, C>(W, j0, N, K, wr);
 
-    float acc[R][C];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < C; c++) acc[r][c] = 0.f;
+    float acc[R][C] = {};
 
     const int units = K >> 5;
     for (int u0 = 0; u0 < units; u0 += 32) {
@@ -157,12 +148,7 @@ __device__ __forceinline__ void tf_matmul_staged(const uint8_t* __restrict__ W, 
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            float v = acc[r][c];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-            acc[r][c] = v;
-        }
+        for (int c = 0; c < C; c++) acc[r][c] = tf_warp_sum(acc[r][c]);
     // Every lane holds every sum now; lanes share the stores.
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -191,8 +177,7 @@ extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)
     const float* xr = x + (size_t)i * K;
     float v = 0.f;
     for (int k = lane; k < K; k += 32) v = __fmaf_rn(__ldg(wr + k), xr[k], v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = tf_warp_sum(v);
     if (lane == 0) {
         float* o = y + (size_t)i * ldy + j;
         *o = accumulate ? __fadd_rn(*o, v) : v;

@@ -18,12 +18,6 @@ __device__ __forceinline__ float tf_block_sum(float v, float* sh) {
     return s;
 }
 
-__device__ __forceinline__ float tf_warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 __device__ __forceinline__ float tf_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -140,89 +134,151 @@ extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, i
 
 #define TF_KEY_BLOCK 64
 #define TF_MAX_HD 256
+// Floats between staged keys: 4 of padding so the float4 reads of a
+// quarter warp's lanes (one key each) fall in distinct banks.
+#define TF_KEY_PAD 4
 
-// Causal attention of one (row, head) over keys 0..=pos of its sequence.
-// Keys are taken in blocks of 64 counted from position 0 with an online
-// softmax; lane l scores keys 64b + l and 64b + 32 + l with a sequential
-// dot, the block's sums use a fixed tree, and values are added key by key
-// in position order. Nothing depends on other rows or on chunking.
-extern "C" __global__ void __launch_bounds__(32)
+// Causal attention of (row, head) pairs over keys 0..=pos of their
+// sequences. Keys are taken in blocks of 64 counted from position 0 with an
+// online softmax; lane l scores keys 64b + l and 64b + 32 + l with a
+// sequential dot, the block's sums use a fixed tree, and values are added
+// key by key in position order. Nothing depends on other rows or on
+// chunking.
+//
+// A block takes `rows` consecutive rows and `hb` query heads of one kv
+// head (hb divides heads / kv_heads): a warp per (row, head), at most 16. Each 64-key block of the first row's
+// sequence is staged in shared memory once (keys, then values) for every
+// warp whose row belongs to that sequence; warps of rows from other
+// sequences read theirs from global memory. Both run the very same
+// arithmetic, only from another address, so the host stages only where
+// it pays (many rows; a lone decode row waits on the copies). Dynamic shared memory:
+// (64 * (hd + 4) + warps * hd) floats.
+extern "C" __global__ void __launch_bounds__(512)
     attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
-              const unsigned long long* v_base, const long long* cap, int layer, float* out) {
-    __shared__ float qs[TF_MAX_HD];
-    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
-    const int kvw = kv_heads * hd, group = heads / kv_heads;
-    const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
-    for (int i = lane; i < hd; i += 32) qs[i] = qr[i];
-    __syncwarp();
-    const long long pos = row_pos[r], sq = row_seq[r];
-    const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)(h / group) * hd;
+              const unsigned long long* v_base, const long long* cap, int layer, int M, int rows,
+              int hb, int stage, float* out) {
+    extern __shared__ float4 shared4[];
+    float* staged_kv = reinterpret_cast<float*>(shared4);
+    const int ks = hd + TF_KEY_PAD;
+    const int group = heads / kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.y * hb + warp % hb, kvh = h / group, kvw = kv_heads * hd;
+    const int r0 = blockIdx.x * rows, r = r0 + warp / hb;
+    const bool live = r < M;
+    float* qs = staged_kv + TF_KEY_BLOCK * ks + warp * hd;
+
+    // Key ranges: of all the block's rows, and of those staged.
+    const long long sq0 = row_seq[r0];
+    long long n_all = 0, n_staged = 0;
+    for (int i = 0; i < rows && r0 + i < M; i++) {
+        const long long ni = row_pos[r0 + i] + 1;
+        n_all = max(n_all, ni);
+        if (stage && row_seq[r0 + i] == sq0) n_staged = max(n_staged, ni);
+    }
+    const long long sq = live ? row_seq[r] : sq0;
+    const long long n = live ? row_pos[r] + 1 : 0;
+    const bool staged = stage && sq == sq0;
+    const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)kvh * hd;
     const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
     const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+    const size_t off0 = (size_t)layer * cap[sq0] * kvw + (size_t)kvh * hd;
+    const float* K0 = reinterpret_cast<const float*>(k_base[sq0]) + off0;
+    const float* V0 = reinterpret_cast<const float*>(v_base[sq0]) + off0;
+    if (live) {
+        const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
+        for (int i = lane; i < hd; i += 32) qs[i] = qr[i];
+    }
+    __syncwarp();
+
     float o[TF_MAX_HD / 32];
 #pragma unroll
     for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = 0.f;
     float m = -INFINITY, l = 0.f;
-    const long long n = pos + 1;
-    for (long long b0 = 0; b0 < n; b0 += TF_KEY_BLOCK) {
-        // Both keys of this lane in one pass: two independent chains, the
-        // same sequential order over dimensions as one at a time.
-        const long long j0 = b0 + lane, j1 = b0 + 32 + lane;
-        const bool ok[2] = {j0 < n, j1 < n};
-        const float* k0 = K + (size_t)(ok[0] ? j0 : 0) * kvw;
-        const float* k1 = K + (size_t)(ok[1] ? j1 : 0) * kvw;
-        float a0 = 0.f, a1 = 0.f;
-#pragma unroll 8
-        for (int d = 0; d < hd; d += 4) {
-            const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
-            const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
-            a0 = __fmaf_rn(qs[d], x0.x, a0);
-            a1 = __fmaf_rn(qs[d], x1.x, a1);
-            a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
-            a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
-            a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
-            a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
-            a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
-            a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
+    const int quads = hd / 4;
+    for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
+        const int held = (int)max(0LL, min((long long)TF_KEY_BLOCK, n_staged - b0));
+        const bool work = live && b0 < n;
+        const int valid = (int)max(0LL, min((long long)TF_KEY_BLOCK, n - b0));
+        // This block's keys: staged (stride hd + 4) or in the cache.
+        const float* kb = staged ? staged_kv : K + (size_t)b0 * kvw;
+        const float* vb = staged ? staged_kv : V + (size_t)b0 * kvw;
+        const size_t stride = staged ? (size_t)ks : (size_t)kvw;
+        __syncthreads();
+        for (int f = threadIdx.x; f < held * quads; f += blockDim.x) {
+            const int j = f / quads, d = 4 * (f % quads);
+            *reinterpret_cast<float4*>(staged_kv + j * ks + d) =
+                *reinterpret_cast<const float4*>(K0 + (size_t)(b0 + j) * kvw + d);
         }
-        const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY,
-                            ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
-        const float bm = tf_warp_max(fmaxf(s[0], s[1]));
-        const float mn = fmaxf(m, bm);
-        const float alpha = m == -INFINITY ? 0.f : expf(__fsub_rn(m, mn));
-        float p[2];
-#pragma unroll
-        for (int half = 0; half < 2; half++) p[half] = ok[half] ? expf(__fsub_rn(s[half], mn)) : 0.f;
-        const float ps = tf_warp_sum(__fadd_rn(p[0], p[1]));
-        l = __fadd_rn(__fmul_rn(l, alpha), ps);
-#pragma unroll
-        for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = __fmul_rn(o[t], alpha);
-        const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
-        // Values key by key in position order; loads of 8 keys are issued
-        // before their multiply-adds so they overlap.
-        for (int j8 = 0; j8 < valid; j8 += 8) {
-            float vv[8][TF_MAX_HD / 32];
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float* vr = V + (size_t)(b0 + min(j8 + k, valid - 1)) * kvw;
-#pragma unroll
-                for (int t = 0; t < TF_MAX_HD / 32; t++)
-                    vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
+        __syncthreads();
+        float p[2] = {0.f, 0.f};
+        float alpha = 0.f, mn = m;
+        if (work) {
+            // Both keys of this lane in one pass: two independent chains, the
+            // same sequential order over dimensions as one at a time.
+            const long long j0 = b0 + lane, j1 = b0 + 32 + lane;
+            const bool ok[2] = {j0 < n, j1 < n};
+            const float* k0 = kb + (ok[0] ? lane : 0) * stride;
+            const float* k1 = kb + (ok[1] ? 32 + lane : 0) * stride;
+            float a0 = 0.f, a1 = 0.f;
+#pragma unroll 8
+            for (int d = 0; d < hd; d += 4) {
+                const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
+                const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
+                a0 = __fmaf_rn(qs[d], x0.x, a0);
+                a1 = __fmaf_rn(qs[d], x1.x, a1);
+                a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
+                a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
+                a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
+                a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
+                a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
+                a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
             }
+            const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY,
+                                ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
+            const float bm = tf_warp_max(fmaxf(s[0], s[1]));
+            mn = fmaxf(m, bm);
+            alpha = m == -INFINITY ? 0.f : expf(__fsub_rn(m, mn));
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const int jj = j8 + k;
-                const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p[0] : p[1], jj & 31);
-                if (jj < valid) {
+            for (int half = 0; half < 2; half++) p[half] = ok[half] ? expf(__fsub_rn(s[half], mn)) : 0.f;
+            const float ps = tf_warp_sum(__fadd_rn(p[0], p[1]));
+            l = __fadd_rn(__fmul_rn(l, alpha), ps);
+#pragma unroll
+            for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = __fmul_rn(o[t], alpha);
+        }
+        __syncthreads();
+        for (int f = threadIdx.x; f < held * quads; f += blockDim.x) {
+            const int j = f / quads, d = 4 * (f % quads);
+            *reinterpret_cast<float4*>(staged_kv + j * ks + d) =
+                *reinterpret_cast<const float4*>(V0 + (size_t)(b0 + j) * kvw + d);
+        }
+        __syncthreads();
+        if (work) {
+            // Values key by key in position order; loads of 8 keys are issued
+            // before their multiply-adds so they overlap.
+            for (int j8 = 0; j8 < valid; j8 += 8) {
+                float vv[8][TF_MAX_HD / 32];
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const float* vr = vb + (size_t)min(j8 + k, valid - 1) * stride;
 #pragma unroll
                     for (int t = 0; t < TF_MAX_HD / 32; t++)
-                        if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+                        vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
+                }
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const int jj = j8 + k;
+                    const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p[0] : p[1], jj & 31);
+                    if (jj < valid) {
+#pragma unroll
+                        for (int t = 0; t < TF_MAX_HD / 32; t++)
+                            if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+                    }
                 }
             }
+            m = mn;
         }
-        m = mn;
     }
+    if (!live) return;
     const float inv = 1.0f / l;
     float* orow = out + (size_t)r * heads * hd + (size_t)h * hd;
 #pragma unroll

@@ -2,14 +2,16 @@
 //! memory (no file to carry): decode tokens/s against the bandwidth bound,
 //! prefill tokens/s, and aggregate tokens/s of batched streams.
 //!
-//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode]`
-//! (`decode` stops after the decode cell, for profiling). Built with
+//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode] [fma] [profile]`
+//! (`decode` stops after the decode cell; `fma` measures the f32
+//! multiply-add matmuls beside the tensor-core ones; `profile` prints device
+//! time by kernel for decode and for a prefill chunk). Built with
 //! `--features stock`, every cell is also measured on candle's own quantized
 //! CUDA path (candle-transformers' quantized Llama, which switches kernels
 //! by row count) over the same weights, and the ratio is printed.
 
 use std::time::Instant;
-use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel};
+use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel, MatmulKernels};
 use tensorfold_models::{Arch, Block, Format, Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::Matrix;
 
@@ -149,121 +151,56 @@ fn prefill(g: &CudaModel, kv: &mut CudaKv, toks: &[u32], chunk: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |f: &str| args.iter().any(|a| a == f);
     let bw = measure_copy_bandwidth(0, 1 << 30).unwrap();
     println!("copy bandwidth (read + write): {:.0} GB/s", bw / 1e9);
     for shape in shapes() {
-        if !args.is_empty() && !args.iter().any(|a| a == shape.name) {
+        let named = args.iter().any(|a| shapes().iter().any(|s| s.name == a));
+        if named && !flag(shape.name) {
             continue;
         }
         let t = Instant::now();
         let model = random_model(&shape);
         let built = t.elapsed();
-        let t = Instant::now();
-        let g = CudaModel::upload(&model, 0).unwrap();
-        let per_tok = g.bytes_per_token();
-        println!(
-            "\n{} ({}, {:.2} GB weights, {:.2} GB read per token): built {:.1?}, uploaded {:.1?}",
-            shape.name,
-            shape.format,
-            g.weight_bytes() as f64 / 1e9,
-            per_tok as f64 / 1e9,
-            built,
-            t.elapsed()
-        );
-        #[cfg(feature = "stock")]
-        let stock_gguf = stock::gguf_bytes(&shape, &model);
-        drop(model);
         let vocab = shape.config.vocab_size as u32;
-        let mut ours = Cells::default();
         let toks: Vec<u32> = (0..8192u32).map(|i| (i * 7919 + 13) % vocab).collect();
-
-        // Decode: 128-token prompt, then one token per forward.
-        let mut kv = g.new_cache();
-        prefill(&g, &mut kv, &toks[..128], 256);
-        for t in &toks[128..136] {
-            g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+        let mut kinds = vec![MatmulKernels::TensorCores];
+        if flag("fma") {
+            kinds.push(MatmulKernels::Fma);
         }
-        let n = 128;
-        let t = Instant::now();
-        for t in &toks[136..136 + n] {
-            g.forward(&[*t], &mut kv, Logits::Last).unwrap();
-        }
-        let s = t.elapsed().as_secs_f64();
-        let bound = bw / per_tok as f64;
-        ours.decode = n as f64 / s;
-        println!(
-            "decode: {:.1} tok/s ({:.3} ms/token); bandwidth bound {:.1} tok/s; {:.0}% of bound",
-            n as f64 / s,
-            1e3 * s / n as f64,
-            bound,
-            100.0 * n as f64 / s / bound
-        );
-
-        if args.iter().any(|a| a == "decode") {
-            continue;
-        }
-        // Verification-sized calls: 8 rows per forward.
-        let t = Instant::now();
-        let reps = 32;
-        for i in 0..reps {
-            g.forward(&toks[i * 8..i * 8 + 8], &mut kv, Logits::All)
-                .unwrap();
-        }
-        let s = t.elapsed().as_secs_f64();
-        println!(
-            "8-row forward: {:.3} ms ({:.1} rows/s)",
-            1e3 * s / reps as f64,
-            (8 * reps) as f64 / s
-        );
-
-        // Prefill at 2k and 8k, in the engine's 256-row chunks.
-        for len in [2048usize, 8192] {
-            let mut kv = g.new_cache();
-            prefill(&g, &mut kv, &toks[..256], 256);
-            let mut kv = g.new_cache();
+        let mut all = Vec::new();
+        for kernels in kinds {
             let t = Instant::now();
-            prefill(&g, &mut kv, &toks[..len], 256);
-            let s = t.elapsed().as_secs_f64();
-            ours.prefill.push(len as f64 / s);
-            println!("prefill {len}: {:.0} tok/s ({:.2} s)", len as f64 / s, s);
+            let g = CudaModel::upload_with(&model, 0, kernels).unwrap();
+            println!(
+                "\n{} ({}, {:?} matmuls, {:.2} GB weights, {:.2} GB read per token): built {:.1?}, uploaded {:.1?}",
+                shape.name,
+                shape.format,
+                kernels,
+                g.weight_bytes() as f64 / 1e9,
+                g.bytes_per_token() as f64 / 1e9,
+                built,
+                t.elapsed()
+            );
+            all.push(cells(&g, &toks, bw, flag("decode")));
+            if flag("profile") {
+                profile(&g, &toks);
+            }
         }
-
-        // 16 streams, one token each per forward, after 128-token prompts.
-        let streams = 16;
-        let mut caches: Vec<CudaKv> = (0..streams).map(|_| g.new_cache()).collect();
-        for (i, kv) in caches.iter_mut().enumerate() {
-            prefill(&g, kv, &toks[i * 128..(i + 1) * 128], 256);
+        if let [tc, fma] = &all[..] {
+            println!(
+                "tensor cores / fma: decode {:.2}x, prefill 2048 {:.2}x, 8192 {:.2}x, 16 streams {:.2}x",
+                tc.decode / fma.decode,
+                tc.prefill[0] / fma.prefill[0],
+                tc.prefill[1] / fma.prefill[1],
+                tc.streams / fma.streams
+            );
         }
-        let rounds = 64;
-        let mut step = |r: usize| {
-            let next: Vec<[u32; 1]> = (0..streams).map(|i| [toks[(r * 31 + i) % 8192]]).collect();
-            let mut seqs: Vec<Seq<'_, CudaKv>> = caches
-                .iter_mut()
-                .zip(&next)
-                .map(|(kv, t)| Seq {
-                    tokens: t,
-                    cache: kv,
-                    logits: Logits::Last,
-                })
-                .collect();
-            g.forward_batch(&mut seqs).unwrap();
-        };
-        step(0);
-        let t = Instant::now();
-        for r in 1..=rounds {
-            step(r);
-        }
-        let s = t.elapsed().as_secs_f64();
-        ours.streams = (streams * rounds) as f64 / s;
-        println!(
-            "{streams} streams: {:.1} tok/s aggregate ({:.3} ms per round)",
-            (streams * rounds) as f64 / s,
-            1e3 * s / rounds as f64
-        );
-        drop(caches);
-        drop(g);
         #[cfg(feature = "stock")]
-        {
+        if !flag("decode") {
+            let ours = &all[0];
+            let stock_gguf = stock::gguf_bytes(&shape, &model);
+            drop(model);
             let stock = stock::cells(&stock_gguf, &toks).expect("stock candle cells");
             let r = |a: f64, b: f64| a / b;
             println!(
@@ -280,9 +217,131 @@ fn main() {
     }
 }
 
+/// Decode, an 8-row call, prefill at 2k and 8k and 16 streams on `g`
+/// (only decode when `decode_only`).
+fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
+    let mut ours = Cells::default();
+    // Decode: 128-token prompt, then one token per forward.
+    let mut kv = g.new_cache();
+    prefill(g, &mut kv, &toks[..128], 256);
+    for t in &toks[128..136] {
+        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    }
+    let n = 128;
+    let t = Instant::now();
+    for t in &toks[136..136 + n] {
+        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    }
+    let s = t.elapsed().as_secs_f64();
+    let bound = bw / g.bytes_per_token() as f64;
+    ours.decode = n as f64 / s;
+    println!(
+        "decode: {:.1} tok/s ({:.3} ms/token); bandwidth bound {:.1} tok/s; {:.0}% of bound",
+        n as f64 / s,
+        1e3 * s / n as f64,
+        bound,
+        100.0 * n as f64 / s / bound
+    );
+    if decode_only {
+        return ours;
+    }
+
+    // Verification-sized calls: 8 rows per forward.
+    let t = Instant::now();
+    let reps = 32;
+    for i in 0..reps {
+        g.forward(&toks[i * 8..i * 8 + 8], &mut kv, Logits::All)
+            .unwrap();
+    }
+    let s = t.elapsed().as_secs_f64();
+    println!(
+        "8-row forward: {:.3} ms ({:.1} rows/s)",
+        1e3 * s / reps as f64,
+        (8 * reps) as f64 / s
+    );
+
+    // Prefill at 2k and 8k, in the engine's 256-row chunks.
+    for len in [2048usize, 8192] {
+        let mut kv = g.new_cache();
+        prefill(g, &mut kv, &toks[..256], 256);
+        let mut kv = g.new_cache();
+        let t = Instant::now();
+        prefill(g, &mut kv, &toks[..len], 256);
+        let s = t.elapsed().as_secs_f64();
+        ours.prefill.push(len as f64 / s);
+        println!("prefill {len}: {:.0} tok/s ({:.2} s)", len as f64 / s, s);
+    }
+
+    // 16 streams, one token each per forward, after 128-token prompts.
+    let streams = 16;
+    let mut caches: Vec<CudaKv> = (0..streams).map(|_| g.new_cache()).collect();
+    for (i, kv) in caches.iter_mut().enumerate() {
+        prefill(g, kv, &toks[i * 128..(i + 1) * 128], 256);
+    }
+    let rounds = 64;
+    let mut step = |r: usize| {
+        let next: Vec<[u32; 1]> = (0..streams).map(|i| [toks[(r * 31 + i) % 8192]]).collect();
+        let mut seqs: Vec<Seq<'_, CudaKv>> = caches
+            .iter_mut()
+            .zip(&next)
+            .map(|(kv, t)| Seq {
+                tokens: t,
+                cache: kv,
+                logits: Logits::Last,
+            })
+            .collect();
+        g.forward_batch(&mut seqs).unwrap();
+    };
+    step(0);
+    let t = Instant::now();
+    for r in 1..=rounds {
+        step(r);
+    }
+    let s = t.elapsed().as_secs_f64();
+    ours.streams = (streams * rounds) as f64 / s;
+    println!(
+        "{streams} streams: {:.1} tok/s aggregate ({:.3} ms per round)",
+        (streams * rounds) as f64 / s,
+        1e3 * s / rounds as f64
+    );
+    ours
+}
+
+/// Device time by kernel of 16 decode steps after a 128-token prompt, and
+/// of one 256-row prefill chunk at position 1792.
+fn profile(g: &CudaModel, toks: &[u32]) {
+    let show = |what: &str, times: Vec<tensorfold_cuda::KernelTime>| {
+        let total: f64 = times.iter().map(|t| t.ms).sum();
+        println!("profile of {what}: {total:.3} ms of kernels");
+        for t in times.iter().take(12) {
+            println!(
+                "  {:>8.3} ms {:>5.1}% {:>6} launches  {}",
+                t.ms,
+                100.0 * t.ms / total,
+                t.launches,
+                t.kernel
+            );
+        }
+    };
+    let mut kv = g.new_cache();
+    prefill(g, &mut kv, &toks[..128], 256);
+    g.start_profile();
+    for t in &toks[128..144] {
+        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    }
+    show("16 decode steps", g.finish_profile().unwrap());
+    let mut kv = g.new_cache();
+    prefill(g, &mut kv, &toks[..1792], 256);
+    g.start_profile();
+    g.forward(&toks[1792..2048], &mut kv, Logits::Last).unwrap();
+    show(
+        "a 256-row prefill chunk at 1792",
+        g.finish_profile().unwrap(),
+    );
+}
+
 /// Tokens/s of the cells, for the stock comparison.
 #[derive(Default)]
-#[cfg_attr(not(feature = "stock"), allow(dead_code))]
 struct Cells {
     decode: f64,
     /// At 2048 tokens, then 8192 (ours only).

@@ -1,19 +1,23 @@
 //! The model on the device, its per-sequence caches and the forward.
 
 use crate::CudaError;
-use cudarc::driver::sys::{CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::sys::{
+    CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
     LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::{Encoding, Format, Matrix, Storage};
 
 static MATMUL_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/matmul.fatbin"));
+static TENSOR_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tensor.fatbin"));
 static OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
 
 type Result<T> = std::result::Result<T, CudaError>;
@@ -83,6 +87,95 @@ impl Tile {
     }
 }
 
+/// Which kernels multiply the GGUF quantized formats. Float formats always
+/// take the f32 multiply-add kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernels {
+    /// Tensor cores (`kernels/cuda/tensor.cu`): weights and inputs rounded
+    /// to f16, products summed in f32. The default.
+    TensorCores,
+    /// f32 multiply-adds on the CUDA cores (`kernels/cuda/matmul.cu`):
+    /// inputs kept in f32, slower for many rows.
+    Fma,
+}
+
+impl MatmulKernels {
+    /// `TENSORFOLD_CUDA_MATMUL=fma` picks [`MatmulKernels::Fma`]; anything
+    /// else (or nothing) the tensor cores.
+    pub fn from_env() -> MatmulKernels {
+        match std::env::var("TENSORFOLD_CUDA_MATMUL").as_deref() {
+            Ok("fma") => MatmulKernels::Fma,
+            _ => MatmulKernels::TensorCores,
+        }
+    }
+}
+
+/// Tensor-core tiles for many rows: (16-row weight tiles, 8-row input
+/// tiles) per warp, as `tc_<format>_m<C>x<N>` names them.
+const MANY_TILES: [(usize, usize); 3] = [(2, 4), (1, 4), (2, 2)];
+const MANY_WARPS: usize = 4;
+/// Rows from which a call takes the tensor-core kernel for many rows.
+const MANY_FROM: usize = 16;
+/// Inputs one segment of a tensor-core reduction covers (`TF_SEG` units).
+const SEGMENT: usize = 256;
+/// Warps of a few-row block at most.
+const FEW_WARPS: usize = 8;
+/// Shared memory the few-row kernel may use.
+const FEW_SHARED_MAX: usize = 128 << 10;
+/// Zero bytes after every weight buffer: the few-row kernel copies whole
+/// aligned 16-byte words, up to 31 bytes past a row's last block.
+const WEIGHT_PAD: usize = 32;
+
+/// Dynamic shared memory of a few-row block: every segment's partial
+/// sums (512 bytes), then each warp's copy of 16 rows of one segment
+/// (`tf_seg_words` 16-byte words a row).
+fn few_shared(format: Format, segments: usize, warps: usize) -> usize {
+    let words = format.matrix_bytes(1, SEGMENT).div_ceil(16) + 1;
+    segments * 512 + warps * 16 * words * 16
+}
+
+/// Warps of one attention block at most: (row, query head) pairs sharing
+/// each staged key block.
+const ATTENTION_WARPS: usize = 16;
+/// Keys per attention block (`TF_KEY_BLOCK`) and the padding between
+/// staged keys (`TF_KEY_PAD`).
+const KEY_BLOCK: usize = 64;
+const KEY_PAD: usize = 4;
+/// Rows from which attention stages key blocks in shared memory.
+const STAGE_KEYS_FROM: usize = 16;
+
+/// Dynamic shared memory of an attention block: one staged key block and
+/// every warp's query.
+fn attention_shared(head_dim: usize, warps: usize) -> usize {
+    4 * (KEY_BLOCK * (head_dim + KEY_PAD) + warps * head_dim)
+}
+
+/// How an attention launch groups (row, query head) pairs into blocks:
+/// `(rows, heads)` per block, the heads a divisor of the query heads per kv
+/// head so that a block reads one kv head's keys.
+fn attention_tile(m: usize, group: usize) -> (usize, usize) {
+    let heads = (1..=group.min(ATTENTION_WARPS))
+        .rev()
+        .find(|h| group.is_multiple_of(*h))
+        .unwrap_or(1);
+    ((ATTENTION_WARPS / heads).min(m).max(1), heads)
+}
+
+/// Which matmul kernel a launch took, for the profile.
+#[derive(Clone, Copy)]
+enum Kind {
+    Few,
+    Many,
+    Tile(usize),
+    Any,
+}
+
+/// The tensor-core kernels of one format.
+struct TensorKernels {
+    few: CudaFunction,
+    many: CudaFunction,
+}
+
 fn fmt_code(e: Encoding) -> Result<usize> {
     let Encoding::Plain(f) = e else {
         return Err(CudaError::Unsupported(format!("{e} weights")));
@@ -110,8 +203,8 @@ fn tile_for(m: usize, n: usize, staged: usize) -> usize {
     }
 }
 
-/// The staged tile for many rows: `TENSORFOLD_CUDA_TILE=s16c8` (a kernel
-/// suffix) picks another for tuning; bits do not change with it.
+/// The staged tile for many rows: `TENSORFOLD_CUDA_TILE=s16c8` (16 rows, 8
+/// columns per warp) picks another for tuning; bits do not change with it.
 fn staged_tile() -> usize {
     let wanted = std::env::var("TENSORFOLD_CUDA_TILE").ok();
     wanted
@@ -123,14 +216,32 @@ fn staged_tile() -> usize {
         .unwrap_or(STAGED_DEFAULT)
 }
 
+/// The tensor-core tile for many rows: `TENSORFOLD_CUDA_TILE=m1x4` picks
+/// another for tuning; bits do not change with it.
+fn many_tile() -> (usize, usize) {
+    let wanted = std::env::var("TENSORFOLD_CUDA_TILE").ok();
+    wanted
+        .and_then(|w| {
+            MANY_TILES
+                .into_iter()
+                .find(|(c, n)| format!("m{c}x{n}") == w)
+        })
+        .unwrap_or(MANY_TILES[0])
+}
+
 struct Kernels {
-    _modules: [Arc<CudaModule>; 2],
+    _modules: [Arc<CudaModule>; 3],
     /// `[format][tile]`.
     matmul: Vec<Vec<CudaFunction>>,
     /// f32 rows of any width (not a multiple of 32).
     matmul_any: CudaFunction,
     /// Index in `TILES` of the tile for many rows.
     staged: usize,
+    /// `[format]`: tensor-core kernels for the quantized formats, when
+    /// they multiply them.
+    tensor: Vec<Option<TensorKernels>>,
+    /// The tensor-core tile for many rows.
+    many: (usize, usize),
     embed: CudaFunction,
     rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
@@ -139,8 +250,24 @@ struct Kernels {
 }
 
 impl Kernels {
-    fn load(ctx: &Arc<CudaContext>) -> Result<Kernels> {
+    fn load(ctx: &Arc<CudaContext>, path: MatmulKernels) -> Result<Kernels> {
         let mm = ctx.load_module(Ptx::from_binary(MATMUL_BIN.to_vec()))?;
+        let tc = ctx.load_module(Ptx::from_binary(TENSOR_BIN.to_vec()))?;
+        let many = many_tile();
+        let mut tensor = Vec::new();
+        for (format, name) in FORMATS {
+            if path == MatmulKernels::Fma || format.block_elems() == 1 {
+                tensor.push(None);
+                continue;
+            }
+            let few = tc.load_function(&format!("tc_{name}_few"))?;
+            few.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                FEW_SHARED_MAX as i32,
+            )?;
+            let many = tc.load_function(&format!("tc_{name}_m{}x{}", many.0, many.1))?;
+            tensor.push(Some(TensorKernels { few, many }));
+        }
         let ops = ctx.load_module(Ptx::from_binary(OPS_BIN.to_vec()))?;
         let mut matmul = Vec::new();
         for (_, name) in FORMATS {
@@ -161,12 +288,21 @@ impl Kernels {
             matmul,
             matmul_any: mm.load_function("mm_f32_any")?,
             staged: staged_tile(),
+            tensor,
+            many,
             embed: ops.load_function("embed")?,
             rmsnorm: ops.load_function("rmsnorm")?,
             qkv_post: ops.load_function("qkv_post")?,
-            attention: ops.load_function("attention")?,
+            attention: {
+                let f = ops.load_function("attention")?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention_shared(256, ATTENTION_WARPS) as i32,
+                )?;
+                f
+            },
             silu_mul: ops.load_function("silu_mul")?,
-            _modules: [mm, ops],
+            _modules: [mm, tc, ops],
         })
     }
 }
@@ -261,8 +397,8 @@ const GRAPH_SLOTS: usize = 128;
 type Graphs = HashMap<(usize, usize, usize), GraphSlot>;
 
 enum GraphSlot {
-    /// Run directly this many times so far.
-    Seen(u32),
+    /// Run directly once; the next forward of this shape is captured.
+    SeenOnce,
     Ready(Graph),
     /// The driver would not capture it.
     Refused,
@@ -277,12 +413,6 @@ struct Graph(CudaGraph);
 // any thread of its context.
 unsafe impl Send for Graph {}
 
-impl Default for GraphSlot {
-    fn default() -> Self {
-        GraphSlot::Seen(0)
-    }
-}
-
 /// A decoder whose weights live on one GPU.
 pub struct CudaModel {
     ctx: Arc<CudaContext>,
@@ -296,6 +426,20 @@ pub struct CudaModel {
     weight_bytes: usize,
     bytes_per_token: usize,
     scratch: Mutex<Scratch>,
+    /// While on, every launch is followed by a timing event (and graphs
+    /// are not used); see [`CudaModel::start_profile`].
+    profiling: AtomicBool,
+    /// Events of the profiled stretch: `None` marks a forward's start.
+    marks: Mutex<Vec<(Option<String>, CudaEvent)>>,
+}
+
+/// Device time of one kind of launch over a profiled stretch.
+#[derive(Clone, Debug)]
+pub struct KernelTime {
+    /// The kernel, with the format and shape for matmuls.
+    pub kernel: String,
+    pub launches: usize,
+    pub ms: f64,
 }
 
 /// `m` as the kernels read it: GGUF and float formats as stored; MLX affine
@@ -330,6 +474,11 @@ fn matrix_bytes(m: &Matrix) -> Vec<u8> {
     }
 }
 
+fn padded(mut bytes: Vec<u8>) -> Vec<u8> {
+    bytes.resize(bytes.len() + WEIGHT_PAD, 0);
+    bytes
+}
+
 fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     // Event tracking is off and one stream does all the work, so the guard
     // has nothing to record.
@@ -341,8 +490,15 @@ fn opt_ptr(s: &Option<CudaSlice<f32>>, stream: &CudaStream) -> u64 {
 }
 
 impl CudaModel {
-    /// Copies `model`'s weights to GPU `ordinal`.
+    /// Copies `model`'s weights to GPU `ordinal`, with the matmul kernels
+    /// `TENSORFOLD_CUDA_MATMUL` names (see [`MatmulKernels::from_env`]).
     pub fn upload(model: &Model, ordinal: usize) -> Result<CudaModel> {
+        CudaModel::upload_with(model, ordinal, MatmulKernels::from_env())
+    }
+
+    /// Copies `model`'s weights to GPU `ordinal`, multiplying its quantized
+    /// matrices with `kernels`.
+    pub fn upload_with(model: &Model, ordinal: usize, kernels: MatmulKernels) -> Result<CudaModel> {
         let c = model.config.clone();
         if c.head_dim > 256 || !c.head_dim.is_multiple_of(4) {
             return Err(CudaError::Unsupported(format!(
@@ -363,7 +519,19 @@ impl CudaModel {
         unsafe { ctx.disable_event_tracking() };
         // Graph capture needs a stream of its own (not the legacy default).
         let stream = ctx.new_stream()?;
-        let k = Kernels::load(&ctx)?;
+        let k = Kernels::load(&ctx, kernels)?;
+        // The few-row kernel keeps one partial sum per segment of a row
+        // (and Q8_0 has the widest segment copies).
+        let inputs = c.hidden_size.max(c.intermediate_size).max(c.q_width());
+        let segments = inputs.div_ceil(SEGMENT);
+        if k.tensor.iter().any(Option::is_some)
+            && few_shared(Format::Q8_0, segments, FEW_WARPS) > FEW_SHARED_MAX
+        {
+            return Err(CudaError::Unsupported(format!(
+                "rows of {inputs} inputs on tensor cores \
+                 (TENSORFOLD_CUDA_MATMUL=fma has no limit)"
+            )));
+        }
 
         let vec = |v: &[f32]| -> Result<CudaSlice<f32>> { Ok(stream.clone_htod(v)?) };
         let opt = |v: &Option<Vec<f32>>| -> Result<Option<CudaSlice<f32>>> {
@@ -376,7 +544,7 @@ impl CudaModel {
                 code,
                 rows: m.rows(),
                 cols: m.cols(),
-                data: stream.clone_htod(&matrix_bytes(m))?,
+                data: stream.clone_htod(&padded(matrix_bytes(m)))?,
             })
         };
         let linear = |ms: &[&Matrix]| -> Result<Linear> {
@@ -397,7 +565,7 @@ impl CudaModel {
                     code,
                     rows: width,
                     cols: ms[0].cols(),
-                    data: stream.clone_htod(&bytes)?,
+                    data: stream.clone_htod(&padded(bytes))?,
                 };
                 return Ok(Linear {
                     parts: vec![(fused, 0)],
@@ -445,6 +613,8 @@ impl CudaModel {
             blocks,
             norm,
             scratch: Mutex::new(Scratch::default()),
+            profiling: AtomicBool::new(false),
+            marks: Mutex::new(Vec::new()),
         })
     }
 
@@ -492,6 +662,63 @@ impl CudaModel {
         Ok(cudarc::driver::result::mem_get_info()?)
     }
 
+    /// Starts timing every launch (forwards then run without graphs, so
+    /// expect them to be somewhat slower than unprofiled ones).
+    pub fn start_profile(&self) {
+        self.marks.lock().expect("marks lock").clear();
+        self.profiling.store(true, Ordering::Relaxed);
+    }
+
+    /// Ends the profile: device time per kind of launch since
+    /// [`CudaModel::start_profile`], longest first.
+    pub fn finish_profile(&self) -> Result<Vec<KernelTime>> {
+        self.profiling.store(false, Ordering::Relaxed);
+        self.stream.synchronize()?;
+        let marks = std::mem::take(&mut *self.marks.lock().expect("marks lock"));
+        let mut by: HashMap<String, (usize, f64)> = HashMap::new();
+        for pair in marks.windows(2) {
+            if let Some(kernel) = &pair[1].0 {
+                let e = by.entry(kernel.clone()).or_default();
+                e.0 += 1;
+                e.1 += pair[0].1.elapsed_ms(&pair[1].1)? as f64;
+            }
+        }
+        let mut times: Vec<KernelTime> = by
+            .into_iter()
+            .map(|(kernel, (launches, ms))| KernelTime {
+                kernel,
+                launches,
+                ms,
+            })
+            .collect();
+        times.sort_by(|a, b| b.ms.total_cmp(&a.ms));
+        Ok(times)
+    }
+
+    fn record(&self, label: Option<String>) -> Result<()> {
+        let event = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        self.marks.lock().expect("marks lock").push((label, event));
+        Ok(())
+    }
+
+    /// Marks the start of a forward while profiling.
+    fn mark_start(&self) -> Result<()> {
+        if self.profiling.load(Ordering::Relaxed) {
+            self.record(None)?;
+        }
+        Ok(())
+    }
+
+    /// Marks the end of the launch just queued while profiling.
+    fn mark(&self, label: impl FnOnce() -> String) -> Result<()> {
+        if self.profiling.load(Ordering::Relaxed) {
+            self.record(Some(label()))?;
+        }
+        Ok(())
+    }
+
     /// Waits for all queued work.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.stream.synchronize()?)
@@ -517,7 +744,30 @@ impl CudaModel {
         ldy: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let (f, cfg) = if w.cols.is_multiple_of(32) {
+        let (f, cfg, kind) = if let Some(tc) = &self.k.tensor[w.code] {
+            let segments = w.cols.div_ceil(SEGMENT);
+            if m < MANY_FROM {
+                let warps = segments.min(FEW_WARPS);
+                let cfg = LaunchConfig {
+                    grid_dim: (w.rows.div_ceil(16) as u32, m.div_ceil(8) as u32, 1),
+                    block_dim: (32 * warps as u32, 1, 1),
+                    shared_mem_bytes: few_shared(FORMATS[w.code].0, segments, warps) as u32,
+                };
+                (&tc.few, cfg, Kind::Few)
+            } else {
+                let (c, n) = self.k.many;
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        w.rows.div_ceil(MANY_WARPS * 16 * c) as u32,
+                        m.div_ceil(8 * n) as u32,
+                        1,
+                    ),
+                    block_dim: ((MANY_WARPS * 32) as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                (&tc.many, cfg, Kind::Many)
+            }
+        } else if w.cols.is_multiple_of(32) {
             let t = tile_for(m, w.rows, self.k.staged);
             let tile = TILES[t];
             let cfg = LaunchConfig {
@@ -529,7 +779,7 @@ impl CudaModel {
                 block_dim: ((MM_WARPS * 32) as u32, 1, 1),
                 shared_mem_bytes: tile.shared_bytes() as u32,
             };
-            (&self.k.matmul[w.code][t], cfg)
+            (&self.k.matmul[w.code][t], cfg, Kind::Tile(t))
         } else {
             // Only f32 rows come this narrow (`on_device`).
             let cfg = LaunchConfig {
@@ -537,7 +787,7 @@ impl CudaModel {
                 block_dim: ((MM_WARPS * 32) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            (&self.k.matmul_any, cfg)
+            (&self.k.matmul_any, cfg, Kind::Any)
         };
         let wp = ptr(&w.data, &self.stream);
         let (mi, n, k, ld, acc) = (
@@ -556,11 +806,22 @@ impl CudaModel {
             .arg(&k)
             .arg(&ld)
             .arg(&acc);
-        // SAFETY: the arguments match `mm_*` in matmul.cu; `w` holds
+        // SAFETY: the arguments match `mm_*` in matmul.cu and `tc_*` in
+        // tensor.cu (the few-row kernel's shared memory holds every
+        // segment's partial sums, checked at upload); `w` holds
         // `rows` rows of `cols` inputs, `x` holds `m * cols` floats and `y`
         // at least `m * ldy` with `ldy >= rows`, all on this stream.
         unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.mark(|| {
+            let kernel = match kind {
+                Kind::Few => "tensor few".to_string(),
+                Kind::Many => format!("tensor m{}x{}", self.k.many.0, self.k.many.1),
+                Kind::Tile(t) => TILES[t].kernel("fma"),
+                Kind::Any => "fma any".to_string(),
+            };
+            let format = FORMATS[w.code].1;
+            format!("matmul {format} {kernel} {}x{}", w.rows, w.cols)
+        })
     }
 
     fn linear(&self, l: &Linear, x: u64, y: u64, m: usize) -> Result<()> {
@@ -582,7 +843,7 @@ impl CudaModel {
         // SAFETY: matches `rmsnorm` in ops.cu; `x` has `h` floats per row
         // (and every `idx` entry is a row of it), `out` has `rows * h`.
         unsafe { b.launch(cfg) }?;
-        Ok(())
+        self.mark(|| "rmsnorm".into())
     }
 
     fn ensure_scratch(&self, s: &mut Scratch, m: usize, picked: usize, meta: usize) -> Result<()> {
@@ -648,24 +909,20 @@ impl CudaModel {
     /// shapes with many rows, where kernel time dwarfs launch time, and
     /// devices that refuse capture run the launches directly.
     fn run(&self, graphs: &mut Graphs, plan: &Plan) -> Result<()> {
-        if plan.m > GRAPH_MAX_ROWS {
+        if plan.m > GRAPH_MAX_ROWS || self.profiling.load(Ordering::Relaxed) {
             return self.enqueue(plan);
         }
-        let full = graphs.len() >= GRAPH_SLOTS;
         let key = (plan.m, plan.seqs, plan.picks);
-        if full && !graphs.contains_key(&key) {
-            return self.enqueue(plan);
-        }
-        let slot = graphs.entry(key).or_default();
-        if let GraphSlot::Ready(g) = slot {
-            return Ok(g.0.launch()?);
-        }
-        match slot {
-            GraphSlot::Seen(0) => {
-                *slot = GraphSlot::Seen(1);
-                self.enqueue(plan)
+        let Some(slot) = graphs.get_mut(&key) else {
+            if graphs.len() < GRAPH_SLOTS {
+                graphs.insert(key, GraphSlot::SeenOnce);
             }
-            GraphSlot::Seen(_) => match self.capture(plan)? {
+            return self.enqueue(plan);
+        };
+        match slot {
+            GraphSlot::Ready(g) => Ok(g.0.launch()?),
+            GraphSlot::Refused => self.enqueue(plan),
+            GraphSlot::SeenOnce => match self.capture(plan)? {
                 Some(g) => {
                     g.launch()?;
                     *slot = GraphSlot::Ready(Graph(g));
@@ -676,7 +933,6 @@ impl CudaModel {
                     self.enqueue(plan)
                 }
             },
-            _ => self.enqueue(plan),
         }
     }
 
@@ -710,6 +966,7 @@ impl CudaModel {
         let (cos, sin) = (p.cos, p.sin);
         let (tokens_p, pos_p, seq_p) = (p.tokens, p.pos, p.seq);
         let (kb_p, vb_p, cap_p) = (p.k_base, p.v_base, p.cap);
+        self.mark_start()?;
         {
             let (code, wp, hk) = (self.embed.code as i32, ptr(&self.embed.data, st), h as i32);
             let mut b = st.launch_builder(&self.k.embed);
@@ -722,6 +979,7 @@ impl CudaModel {
             // SAFETY: matches `embed` in ops.cu; tokens were checked against
             // the vocabulary, `x` holds `m * h` floats.
             unsafe { b.launch(cfg) }?;
+            self.mark(|| "embed".into())?;
         }
 
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
@@ -769,8 +1027,13 @@ impl CudaModel {
                 // is below its cache's capacity (reserved above) and the
                 // rope tables cover it.
                 unsafe { lb.launch(cfg) }?;
+                self.mark(|| "qkv_post".into())?;
             }
             {
+                let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
+                // Staging pays once several rows share the key blocks.
+                let stage = (m >= STAGE_KEYS_FROM) as i32;
+                let (mi, rows, hb) = (m as i32, rows as i32, hb as i32);
                 let mut lb = st.launch_builder(&self.k.attention);
                 lb.arg(&q)
                     .arg(&heads)
@@ -783,15 +1046,26 @@ impl CudaModel {
                     .arg(&vb_p)
                     .arg(&cap_p)
                     .arg(&layer)
+                    .arg(&mi)
+                    .arg(&rows)
+                    .arg(&hb)
+                    .arg(&stage)
                     .arg(&attn);
                 let cfg = LaunchConfig {
-                    grid_dim: (m as u32, c.heads as u32, 1),
-                    block_dim: (32, 1, 1),
-                    shared_mem_bytes: 0,
+                    grid_dim: (
+                        m.div_ceil(rows as usize) as u32,
+                        (c.heads / hb as usize) as u32,
+                        1,
+                    ),
+                    block_dim: (32 * (rows * hb) as u32, 1, 1),
+                    shared_mem_bytes: attention_shared(c.head_dim, (rows * hb) as usize) as u32,
                 };
                 // SAFETY: matches `attention` in ops.cu; keys 0..=pos of each
-                // row were written by this or an earlier forward.
+                // row were written by this or an earlier forward; the block
+                // has at most ATTENTION_WARPS warps, whose shared memory the
+                // attribute set at load allows for any head_dim up to 256.
                 unsafe { lb.launch(cfg) }?;
+                self.mark(|| "attention".into())?;
             }
             self.matmul(&b.o, attn, x, m, h, true)?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, m, h)?;
@@ -807,6 +1081,7 @@ impl CudaModel {
                 };
                 // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`.
                 unsafe { lb.launch(cfg) }?;
+                self.mark(|| "silu_mul".into())?;
             }
             self.matmul(&b.down, act, x, m, h, true)?;
         }

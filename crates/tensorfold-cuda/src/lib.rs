@@ -24,7 +24,7 @@
 mod device;
 
 #[cfg(feature = "cuda")]
-pub use device::{measure_copy_bandwidth, CudaKv, CudaModel};
+pub use device::{measure_copy_bandwidth, CudaKv, CudaModel, KernelTime, MatmulKernels};
 
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
