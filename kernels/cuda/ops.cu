@@ -139,20 +139,116 @@ extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, i
 #define TF_KEY_PAD 4
 
 // Causal attention of (row, head) pairs over keys 0..=pos of their
-// sequences. Keys are taken in blocks of 64 counted from position 0 with an
-// online softmax; lane l scores keys 64b + l and 64b + 32 + l with a
-// sequential dot, the block's sums use a fixed tree, and values are added
-// key by key in position order. Nothing depends on other rows or on
-// chunking.
-//
-// A block takes `rows` consecutive rows and `hb` query heads of one kv
-// head (hb divides heads / kv_heads): a warp per (row, head), at most 16. Each 64-key block of the first row's
-// sequence is staged in shared memory once (keys, then values) for every
-// warp whose row belongs to that sequence; warps of rows from other
-// sequences read theirs from global memory. Both run the very same
-// arithmetic, only from another address, so the host stages only where
-// it pays (many rows; a lone decode row waits on the copies). Dynamic shared memory:
-// (64 * (hd + 4) + warps * hd) floats.
+// sequences. Keys are taken in blocks of 64 counted from position 0. Each
+// block gives a partial softmax of its own: lane l scores keys 64b + l and
+// 64b + 32 + l with a sequential dot, p = exp(score - the block's max), the
+// block's max and sum use fixed trees, and its value sum adds keys one by
+// one in position order, from zero. The partials are then folded in block
+// order (`tf_fold`). A block's partial depends on that block alone, so
+// blocks may be computed by any warp in any order; only the fold is a
+// chain. Nothing depends on other rows or on chunking.
+struct TfKeyBlock {
+    float p[2];  // this lane's keys' weights (0 for keys past the end)
+    float max, sum;
+};
+
+__device__ __forceinline__ TfKeyBlock tf_key_block(const float* qs, const float* kb, size_t stride, int valid,
+                                                   int lane, int hd, float scale) {
+    // Both keys of this lane in one pass: two independent chains, the
+    // same sequential order over dimensions as one at a time.
+    const bool ok[2] = {lane < valid, 32 + lane < valid};
+    const float* k0 = kb + (ok[0] ? lane : 0) * stride;
+    const float* k1 = kb + (ok[1] ? 32 + lane : 0) * stride;
+    float a0 = 0.f, a1 = 0.f;
+#pragma unroll 8
+    for (int d = 0; d < hd; d += 4) {
+        const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
+        const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
+        a0 = __fmaf_rn(qs[d], x0.x, a0);
+        a1 = __fmaf_rn(qs[d], x1.x, a1);
+        a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
+        a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
+        a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
+        a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
+        a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
+        a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
+    }
+    const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY, ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
+    TfKeyBlock b;
+    b.max = tf_warp_max(fmaxf(s[0], s[1]));
+#pragma unroll
+    for (int half = 0; half < 2; half++) b.p[half] = ok[half] ? expf(__fsub_rn(s[half], b.max)) : 0.f;
+    b.sum = tf_warp_sum(__fadd_rn(b.p[0], b.p[1]));
+    return b;
+}
+
+// The block's value sum for dimensions lane + 32t, keys in position order
+// from zero; loads of 8 keys are issued before their multiply-adds so they
+// overlap.
+__device__ __forceinline__ void tf_key_block_values(const TfKeyBlock& b, const float* vb, size_t stride,
+                                                    int valid, int lane, int hd, float o[TF_MAX_HD / 32]) {
+#pragma unroll
+    for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = 0.f;
+    for (int j8 = 0; j8 < valid; j8 += 8) {
+        float vv[8][TF_MAX_HD / 32];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const float* vr = vb + (size_t)min(j8 + k, valid - 1) * stride;
+#pragma unroll
+            for (int t = 0; t < TF_MAX_HD / 32; t++) vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int jj = j8 + k;
+            const float pj = __shfl_sync(0xffffffffu, jj < 32 ? b.p[0] : b.p[1], jj & 31);
+            if (jj < valid) {
+#pragma unroll
+                for (int t = 0; t < TF_MAX_HD / 32; t++)
+                    if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+            }
+        }
+    }
+}
+
+// What the fold has gathered so far: the running max, sum and value sum.
+struct TfSoftmax {
+    float max, sum;
+    float o[TF_MAX_HD / 32];
+};
+
+__device__ __forceinline__ void tf_softmax_start(TfSoftmax& f) {
+    f.max = -INFINITY;
+    f.sum = 0.f;
+#pragma unroll
+    for (int t = 0; t < TF_MAX_HD / 32; t++) f.o[t] = 0.f;
+}
+
+// Folds the next block's partial (max, sum, value sum) into f.
+__device__ __forceinline__ void tf_fold(TfSoftmax& f, float max, float sum, const float o[TF_MAX_HD / 32]) {
+    const float mn = fmaxf(f.max, max);
+    const float a = f.max == -INFINITY ? 0.f : expf(__fsub_rn(f.max, mn));
+    const float c = expf(__fsub_rn(max, mn));
+    f.sum = __fmaf_rn(sum, c, __fmul_rn(f.sum, a));
+#pragma unroll
+    for (int t = 0; t < TF_MAX_HD / 32; t++) f.o[t] = __fmaf_rn(o[t], c, __fmul_rn(f.o[t], a));
+    f.max = mn;
+}
+
+__device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* orow, int lane, int hd) {
+    const float inv = 1.0f / f.sum;
+#pragma unroll
+    for (int t = 0; t < TF_MAX_HD / 32; t++)
+        if (lane + 32 * t < hd) orow[lane + 32 * t] = __fmul_rn(f.o[t], inv);
+}
+
+// Many rows: a warp per (row, head) walks its key blocks and folds them as
+// it goes. A block takes `rows` consecutive rows and `hb` query heads of
+// one kv head (hb divides heads / kv_heads), at most 16 warps. With
+// `stage`, each 64-key block of the first row's sequence is copied to
+// shared memory once (keys, then values) for every warp whose row belongs
+// to that sequence; warps of rows from other sequences read theirs from
+// global memory. Both run the very same arithmetic, only from another
+// address. Dynamic shared memory: (64 * (hd + 4) + warps * hd) floats.
 extern "C" __global__ void __launch_bounds__(512)
     attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
@@ -190,10 +286,8 @@ extern "C" __global__ void __launch_bounds__(512)
     }
     __syncwarp();
 
-    float o[TF_MAX_HD / 32];
-#pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = 0.f;
-    float m = -INFINITY, l = 0.f;
+    TfSoftmax f;
+    tf_softmax_start(f);
     const int quads = hd / 4;
     for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
         const int held = (int)max(0LL, min((long long)TF_KEY_BLOCK, n_staged - b0));
@@ -204,86 +298,84 @@ extern "C" __global__ void __launch_bounds__(512)
         const float* vb = staged ? staged_kv : V + (size_t)b0 * kvw;
         const size_t stride = staged ? (size_t)ks : (size_t)kvw;
         __syncthreads();
-        for (int f = threadIdx.x; f < held * quads; f += blockDim.x) {
-            const int j = f / quads, d = 4 * (f % quads);
+        for (int e = threadIdx.x; e < held * quads; e += blockDim.x) {
+            const int j = e / quads, d = 4 * (e % quads);
             *reinterpret_cast<float4*>(staged_kv + j * ks + d) =
                 *reinterpret_cast<const float4*>(K0 + (size_t)(b0 + j) * kvw + d);
         }
         __syncthreads();
-        float p[2] = {0.f, 0.f};
-        float alpha = 0.f, mn = m;
-        if (work) {
-            // Both keys of this lane in one pass: two independent chains, the
-            // same sequential order over dimensions as one at a time.
-            const long long j0 = b0 + lane, j1 = b0 + 32 + lane;
-            const bool ok[2] = {j0 < n, j1 < n};
-            const float* k0 = kb + (ok[0] ? lane : 0) * stride;
-            const float* k1 = kb + (ok[1] ? 32 + lane : 0) * stride;
-            float a0 = 0.f, a1 = 0.f;
-#pragma unroll 8
-            for (int d = 0; d < hd; d += 4) {
-                const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
-                const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
-                a0 = __fmaf_rn(qs[d], x0.x, a0);
-                a1 = __fmaf_rn(qs[d], x1.x, a1);
-                a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
-                a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
-                a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
-                a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
-                a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
-                a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
-            }
-            const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY,
-                                ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
-            const float bm = tf_warp_max(fmaxf(s[0], s[1]));
-            mn = fmaxf(m, bm);
-            alpha = m == -INFINITY ? 0.f : expf(__fsub_rn(m, mn));
-#pragma unroll
-            for (int half = 0; half < 2; half++) p[half] = ok[half] ? expf(__fsub_rn(s[half], mn)) : 0.f;
-            const float ps = tf_warp_sum(__fadd_rn(p[0], p[1]));
-            l = __fadd_rn(__fmul_rn(l, alpha), ps);
-#pragma unroll
-            for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = __fmul_rn(o[t], alpha);
-        }
+        TfKeyBlock b;
+        if (work) b = tf_key_block(qs, kb, stride, valid, lane, hd, scale);
         __syncthreads();
-        for (int f = threadIdx.x; f < held * quads; f += blockDim.x) {
-            const int j = f / quads, d = 4 * (f % quads);
+        for (int e = threadIdx.x; e < held * quads; e += blockDim.x) {
+            const int j = e / quads, d = 4 * (e % quads);
             *reinterpret_cast<float4*>(staged_kv + j * ks + d) =
                 *reinterpret_cast<const float4*>(V0 + (size_t)(b0 + j) * kvw + d);
         }
         __syncthreads();
         if (work) {
-            // Values key by key in position order; loads of 8 keys are issued
-            // before their multiply-adds so they overlap.
-            for (int j8 = 0; j8 < valid; j8 += 8) {
-                float vv[8][TF_MAX_HD / 32];
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const float* vr = vb + (size_t)min(j8 + k, valid - 1) * stride;
-#pragma unroll
-                    for (int t = 0; t < TF_MAX_HD / 32; t++)
-                        vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
-                }
-#pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const int jj = j8 + k;
-                    const float pj = __shfl_sync(0xffffffffu, jj < 32 ? p[0] : p[1], jj & 31);
-                    if (jj < valid) {
-#pragma unroll
-                        for (int t = 0; t < TF_MAX_HD / 32; t++)
-                            if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
-                    }
-                }
-            }
-            m = mn;
+            float o[TF_MAX_HD / 32];
+            tf_key_block_values(b, vb, stride, valid, lane, hd, o);
+            tf_fold(f, b.max, b.sum, o);
         }
     }
-    if (!live) return;
-    const float inv = 1.0f / l;
-    float* orow = out + (size_t)r * heads * hd + (size_t)h * hd;
+    if (live) tf_softmax_store(f, out + (size_t)r * heads * hd + (size_t)h * hd, lane, hd);
+}
+
+// Few rows: a block per (row, head), its warps take key blocks w, w + W,
+// ... a round of W at a time and leave their partials in shared memory;
+// warp 0 folds each round's in block order. The same partials and the same
+// fold as `attention`, spread over more warps. Dynamic shared memory:
+// (hd + W * (hd + 2)) floats.
+extern "C" __global__ void __launch_bounds__(512)
+    attention_split(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,
+                    const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,
+                    const unsigned long long* v_base, const long long* cap, int layer, float* out) {
+    extern __shared__ float4 shared4[];
+    float* qs = reinterpret_cast<float*>(shared4);
+    float* parts = qs + hd;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int r = blockIdx.x, h = blockIdx.y, kvh = h / (heads / kv_heads), kvw = kv_heads * hd;
+    const long long sq = row_seq[r], n = row_pos[r] + 1;
+    const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)kvh * hd;
+    const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
+    const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+    const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
+    __syncthreads();
+
+    TfSoftmax f;
+    tf_softmax_start(f);
+    const long long blocks = (n + TF_KEY_BLOCK - 1) / TF_KEY_BLOCK;
+    for (long long g0 = 0; g0 < blocks; g0 += warps) {
+        if (g0 + warp < blocks) {
+            const long long b0 = (g0 + warp) * TF_KEY_BLOCK;
+            const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
+            const TfKeyBlock b = tf_key_block(qs, K + (size_t)b0 * kvw, kvw, valid, lane, hd, scale);
+            float o[TF_MAX_HD / 32];
+            tf_key_block_values(b, V + (size_t)b0 * kvw, kvw, valid, lane, hd, o);
+            float* part = parts + warp * (hd + 2);
 #pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++)
-        if (lane + 32 * t < hd) orow[lane + 32 * t] = __fmul_rn(o[t], inv);
+            for (int t = 0; t < TF_MAX_HD / 32; t++)
+                if (lane + 32 * t < hd) part[lane + 32 * t] = o[t];
+            if (lane == 0) {
+                part[hd] = b.max;
+                part[hd + 1] = b.sum;
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {
+            for (int w = 0; w < warps && g0 + w < blocks; w++) {
+                const float* part = parts + w * (hd + 2);
+                float o[TF_MAX_HD / 32];
+#pragma unroll
+                for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = lane + 32 * t < hd ? part[lane + 32 * t] : 0.f;
+                tf_fold(f, part[hd], part[hd + 1], o);
+            }
+        }
+        __syncthreads();
+    }
+    if (warp == 0) tf_softmax_store(f, out + (size_t)r * heads * hd + (size_t)h * hd, lane, hd);
 }
 
 // act[r, e] = silu(gu[r, e]) * gu[r, ff + e], where gu holds gate | up.

@@ -150,6 +150,25 @@ fn attention_shared(head_dim: usize, warps: usize) -> usize {
     4 * (KEY_BLOCK * (head_dim + KEY_PAD) + warps * head_dim)
 }
 
+/// Warps of an `attention_split` block, each taking one key block of a
+/// round.
+const SPLIT_WARPS: usize = 16;
+
+/// Whether attention spreads each (row, head) over a block of warps
+/// (`attention_split`) rather than giving it one warp: for few rows, or
+/// rows of many sequences (decode of several streams), where one warp per
+/// pair leaves the GPU idle and there are no shared keys to stage. Both
+/// kernels compute the same partials and fold them in the same order.
+fn split_attention(rows: usize, sequences: usize) -> bool {
+    rows < STAGE_KEYS_FROM || 4 * sequences > rows
+}
+
+/// Dynamic shared memory of an `attention_split` block: the query and a
+/// round of partials.
+fn split_shared(head_dim: usize) -> usize {
+    4 * (head_dim + SPLIT_WARPS * (head_dim + 2))
+}
+
 /// How an attention launch groups (row, query head) pairs into blocks:
 /// `(rows, heads)` per block, the heads a divisor of the query heads per kv
 /// head so that a block reads one kv head's keys.
@@ -246,6 +265,7 @@ struct Kernels {
     rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
     attention: CudaFunction,
+    attention_split: CudaFunction,
     silu_mul: CudaFunction,
 }
 
@@ -301,6 +321,7 @@ impl Kernels {
                 )?;
                 f
             },
+            attention_split: ops.load_function("attention_split")?,
             silu_mul: ops.load_function("silu_mul")?,
             _modules: [mm, tc, ops],
         })
@@ -1029,7 +1050,32 @@ impl CudaModel {
                 unsafe { lb.launch(cfg) }?;
                 self.mark(|| "qkv_post".into())?;
             }
-            {
+            if split_attention(m, p.seqs) {
+                let mut lb = st.launch_builder(&self.k.attention_split);
+                lb.arg(&q)
+                    .arg(&heads)
+                    .arg(&kv_heads)
+                    .arg(&hd)
+                    .arg(&scale)
+                    .arg(&pos_p)
+                    .arg(&seq_p)
+                    .arg(&kb_p)
+                    .arg(&vb_p)
+                    .arg(&cap_p)
+                    .arg(&layer)
+                    .arg(&attn);
+                let cfg = LaunchConfig {
+                    grid_dim: (m as u32, c.heads as u32, 1),
+                    block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
+                    shared_mem_bytes: split_shared(c.head_dim) as u32,
+                };
+                // SAFETY: matches `attention_split` in ops.cu; keys 0..=pos
+                // of each row were written by this or an earlier forward;
+                // its shared memory is under the default 48 KB for any
+                // head_dim up to 256.
+                unsafe { lb.launch(cfg) }?;
+                self.mark(|| "attention split".into())?;
+            } else {
                 let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
                 // Staging pays once several rows share the key blocks.
                 let stage = (m >= STAGE_KEYS_FROM) as i32;

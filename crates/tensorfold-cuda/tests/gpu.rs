@@ -138,6 +138,39 @@ fn rows_of_many_segments_stay_invariant() {
 }
 
 #[test]
+fn long_contexts_fold_many_key_blocks_in_order() {
+    if !gpu() {
+        return;
+    }
+    // 1300 positions: 21 key blocks, more than one round of the split
+    // kernel's warps. Decode rows (split kernel) against a prefill's rows
+    // (a warp per row and head).
+    let spec = SynthSpec {
+        max_positions: 1536,
+        ..SynthSpec::tiny(Arch::Llama, Format::Q8_0, 21)
+    };
+    let p = tmp("long-q8_0").join("m.gguf");
+    write_gguf(&p, &spec).unwrap();
+    let model = tensorfold_models::load(&p).unwrap().model;
+    let g = CudaModel::upload(&model, 0).unwrap();
+    let toks = tokens(1300, 8);
+    let reference = chunked(&g, &mut g.new_cache(), &toks, &[256]);
+    let mut kv = g.new_cache();
+    chunked(&g, &mut kv, &toks[..1200], &[256]);
+    let decoded = chunked(&g, &mut kv, &toks, &[1]);
+    assert_eq!(decoded.len(), 100);
+    for (p, a) in decoded.iter().enumerate() {
+        assert_eq!(
+            bits(a),
+            bits(&reference[1200 + p]),
+            "decode at {}",
+            1200 + p
+        );
+    }
+    println!("long context: decode rows equal prefill rows");
+}
+
+#[test]
 fn rows_narrower_than_32_inputs_run_and_stay_invariant() {
     if !gpu() {
         return;
