@@ -15,10 +15,16 @@ fn fixture(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// Written once: tests run in parallel, and a rewrite under a running
+/// `tensorfold` would hand it a half-written file.
 fn tiny_gguf() -> PathBuf {
-    let p = fixture("tiny.gguf");
-    synth::write_gguf(&p, &SynthSpec::tiny(Arch::Qwen2, Format::Q4_0, 1)).unwrap();
-    p
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let p = fixture("tiny.gguf");
+        synth::write_gguf(&p, &SynthSpec::tiny(Arch::Qwen2, Format::Q4_0, 1)).unwrap();
+        p
+    })
+    .clone()
 }
 
 #[test]
