@@ -252,8 +252,8 @@ __device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* orow
 extern "C" __global__ void __launch_bounds__(512)
     attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
-              const unsigned long long* v_base, const long long* cap, int layer, int M, int rows,
-              int hb, int stage, float* out) {
+              const unsigned long long* v_base, const long long* cap, int layer, float* out, int M,
+              int rows, int hb, int stage) {
     extern __shared__ float4 shared4[];
     float* staged_kv = reinterpret_cast<float*>(shared4);
     const int ks = hd + TF_KEY_PAD;

@@ -1050,37 +1050,20 @@ impl CudaModel {
                 unsafe { lb.launch(cfg) }?;
                 self.mark(|| "qkv_post".into())?;
             }
-            if split_attention(m, p.seqs) {
-                let mut lb = st.launch_builder(&self.k.attention_split);
-                lb.arg(&q)
-                    .arg(&heads)
-                    .arg(&kv_heads)
-                    .arg(&hd)
-                    .arg(&scale)
-                    .arg(&pos_p)
-                    .arg(&seq_p)
-                    .arg(&kb_p)
-                    .arg(&vb_p)
-                    .arg(&cap_p)
-                    .arg(&layer)
-                    .arg(&attn);
-                let cfg = LaunchConfig {
-                    grid_dim: (m as u32, c.heads as u32, 1),
-                    block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
-                    shared_mem_bytes: split_shared(c.head_dim) as u32,
+            {
+                // Both kernels share their leading arguments; `attention`
+                // adds how it groups rows and heads into blocks.
+                let split = split_attention(m, p.seqs);
+                let kernel = if split {
+                    &self.k.attention_split
+                } else {
+                    &self.k.attention
                 };
-                // SAFETY: matches `attention_split` in ops.cu; keys 0..=pos
-                // of each row were written by this or an earlier forward;
-                // its shared memory is under the default 48 KB for any
-                // head_dim up to 256.
-                unsafe { lb.launch(cfg) }?;
-                self.mark(|| "attention split".into())?;
-            } else {
                 let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
                 // Staging pays once several rows share the key blocks.
                 let stage = (m >= STAGE_KEYS_FROM) as i32;
-                let (mi, rows, hb) = (m as i32, rows as i32, hb as i32);
-                let mut lb = st.launch_builder(&self.k.attention);
+                let (mi, rows_i, hb_i) = (m as i32, rows as i32, hb as i32);
+                let mut lb = st.launch_builder(kernel);
                 lb.arg(&q)
                     .arg(&heads)
                     .arg(&kv_heads)
@@ -1092,26 +1075,36 @@ impl CudaModel {
                     .arg(&vb_p)
                     .arg(&cap_p)
                     .arg(&layer)
-                    .arg(&mi)
-                    .arg(&rows)
-                    .arg(&hb)
-                    .arg(&stage)
                     .arg(&attn);
-                let cfg = LaunchConfig {
-                    grid_dim: (
-                        m.div_ceil(rows as usize) as u32,
-                        (c.heads / hb as usize) as u32,
-                        1,
-                    ),
-                    block_dim: (32 * (rows * hb) as u32, 1, 1),
-                    shared_mem_bytes: attention_shared(c.head_dim, (rows * hb) as usize) as u32,
+                let cfg = if split {
+                    LaunchConfig {
+                        grid_dim: (m as u32, c.heads as u32, 1),
+                        block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
+                        shared_mem_bytes: split_shared(c.head_dim) as u32,
+                    }
+                } else {
+                    lb.arg(&mi).arg(&rows_i).arg(&hb_i).arg(&stage);
+                    LaunchConfig {
+                        grid_dim: (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1),
+                        block_dim: (32 * (rows * hb) as u32, 1, 1),
+                        shared_mem_bytes: attention_shared(c.head_dim, rows * hb) as u32,
+                    }
                 };
-                // SAFETY: matches `attention` in ops.cu; keys 0..=pos of each
-                // row were written by this or an earlier forward; the block
-                // has at most ATTENTION_WARPS warps, whose shared memory the
-                // attribute set at load allows for any head_dim up to 256.
+                // SAFETY: matches `attention` / `attention_split` in ops.cu;
+                // keys 0..=pos of each row were written by this or an
+                // earlier forward; `attention` has at most ATTENTION_WARPS
+                // warps, whose shared memory the attribute set at load
+                // allows for any head_dim up to 256, and `attention_split`
+                // stays under the default 48 KB.
                 unsafe { lb.launch(cfg) }?;
-                self.mark(|| "attention".into())?;
+                self.mark(|| {
+                    if split {
+                        "attention split"
+                    } else {
+                        "attention"
+                    }
+                    .into()
+                })?;
             }
             self.matmul(&b.o, attn, x, m, h, true)?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, m, h)?;
