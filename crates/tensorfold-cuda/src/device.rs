@@ -1054,10 +1054,10 @@ impl CudaModel {
                 // Both kernels share their leading arguments; `attention`
                 // adds how it groups rows and heads into blocks.
                 let split = split_attention(m, p.seqs);
-                let kernel = if split {
-                    &self.k.attention_split
+                let (kernel, name) = if split {
+                    (&self.k.attention_split, "attention split")
                 } else {
-                    &self.k.attention
+                    (&self.k.attention, "attention")
                 };
                 let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
                 // Staging pays once several rows share the key blocks.
@@ -1097,14 +1097,7 @@ impl CudaModel {
                 // allows for any head_dim up to 256, and `attention_split`
                 // stays under the default 48 KB.
                 unsafe { lb.launch(cfg) }?;
-                self.mark(|| {
-                    if split {
-                        "attention split"
-                    } else {
-                        "attention"
-                    }
-                    .into()
-                })?;
+                self.mark(|| name.into())?;
             }
             self.matmul(&b.o, attn, x, m, h, true)?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, m, h)?;
