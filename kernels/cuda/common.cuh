@@ -24,6 +24,22 @@
 #define TF_Q6K 8
 
 __device__ __forceinline__ float tf_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// Exact conversions on the multiply-add pipe instead of the (narrower)
+// conversion pipe; each gives the same bits as the plain cast.
+// q - BIAS for 0 <= q < 2^23: q sits in the mantissa of 2^23 + q.
+template <int BIAS>
+__device__ __forceinline__ float tf_int_f(uint32_t q) {
+    return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.f + (float)BIAS);
+}
+// A signed byte (its bits in the low 8 of b) as a float.
+__device__ __forceinline__ float tf_i8_f(uint32_t b) { return tf_int_f<128>((b & 0xFF) ^ 0x80); }
+// A finite f16 scale as a float: its exponent and mantissa shifted into
+// f32 place are the value times 2^-112 (subnormals included), exactly.
+__device__ __forceinline__ float tf_scale_f(uint16_t h) {
+    const float mag = __fmul_rn(__uint_as_float((uint32_t)(h & 0x7FFF) << 13), 0x1p112f);
+    return __uint_as_float(__float_as_uint(mag) | ((uint32_t)(h & 0x8000) << 16));
+}
 // Quantized blocks are read with plain loads: the tensor-core kernels
 // decode them from shared memory, the others from global memory.
 __device__ __forceinline__ uint16_t tf_ld16(const uint8_t* p) {
@@ -101,28 +117,28 @@ __device__ __forceinline__ TfUnit tf_prep(const uint8_t* row, int u) {
         t.p = row + (size_t)u * 64;
     } else if (FMT == TF_Q4_0) {
         const uint8_t* q = row + (size_t)u * 18;
-        t.a = tf_h2f(tf_ld16(q));
+        t.a = tf_scale_f(tf_ld16(q));
         t.p = q + 2;
     } else if (FMT == TF_Q4_1) {
         const uint8_t* q = row + (size_t)u * 20;
         uint32_t dm = tf_ld32(q);
-        t.a = tf_h2f(dm & 0xFFFF);
-        t.b = tf_h2f(dm >> 16);
+        t.a = tf_scale_f(dm & 0xFFFF);
+        t.b = tf_scale_f(dm >> 16);
         t.p = q + 4;
     } else if (FMT == TF_Q5_0) {
         const uint8_t* q = row + (size_t)u * 22;
-        t.a = tf_h2f(tf_ld16(q));
+        t.a = tf_scale_f(tf_ld16(q));
         t.h = (uint32_t)tf_ld16(q + 2) | ((uint32_t)tf_ld16(q + 4) << 16);
         t.p = q + 6;
     } else if (FMT == TF_Q8_0) {
         const uint8_t* q = row + (size_t)u * 34;
-        t.a = tf_h2f(tf_ld16(q));
+        t.a = tf_scale_f(tf_ld16(q));
         t.p = q + 2;
     } else if (FMT == TF_Q4K) {
         const uint8_t* sb = row + (size_t)(u >> 3) * 144;
         int j = u & 7;
         uint32_t dm = tf_ld32(sb);
-        float d = tf_h2f(dm & 0xFFFF), dmin = tf_h2f(dm >> 16);
+        float d = tf_scale_f(dm & 0xFFFF), dmin = tf_scale_f(dm >> 16);
         const uint8_t* s = sb + 4;
         int sc, m;
         // get_scale_min_k4 of GGML.
@@ -133,17 +149,16 @@ __device__ __forceinline__ TfUnit tf_prep(const uint8_t* row, int u) {
             sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
             m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
         }
-        t.a = __fmul_rn(d, (float)sc);
-        t.b = __fmul_rn(dmin, (float)m);
+        t.a = __fmul_rn(d, tf_int_f<0>(sc));
+        t.b = __fmul_rn(dmin, tf_int_f<0>(m));
         t.p = sb + 16 + 32 * (j >> 1);
         t.h = 4 * (j & 1);
     } else if (FMT == TF_Q6K) {
         const uint8_t* sb = row + (size_t)(u >> 3) * 210;
         int t8 = u & 7, n = t8 >> 2, quad = t8 & 3;
-        float d = tf_h2f(tf_ld16(sb + 208));
-        const int8_t* sc = reinterpret_cast<const int8_t*>(sb + 192) + 8 * n;
-        t.a = __fmul_rn(d, (float)sc[2 * quad]);
-        t.b = __fmul_rn(d, (float)sc[2 * quad + 1]);
+        float d = tf_scale_f(tf_ld16(sb + 208));
+        t.a = __fmul_rn(d, tf_i8_f(sb[192 + 8 * n + 2 * quad]));
+        t.b = __fmul_rn(d, tf_i8_f(sb[192 + 8 * n + 2 * quad + 1]));
         t.p = sb + 64 * n + 32 * (quad & 1);  // ql
         // qh sits at 128 + 32n; keep its offset from p in c's bits.
         t.c = __int_as_float(128 + 32 * n - (64 * n + 32 * (quad & 1)));
@@ -178,13 +193,13 @@ __device__ __forceinline__ void tf_get8(const TfUnit& t, int s, float w[8]) {
         tf_ld8_a2(t.p + 8 * (s & 1), b);
         int sh = 4 * (s >> 1);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)((int)((b[i] >> sh) & 0xF) - 8), t.a);
+        for (int i = 0; i < 8; i++) w[i] = __fmul_rn(tf_int_f<8>((b[i] >> sh) & 0xF), t.a);
     } else if (FMT == TF_Q4_1) {
         uint8_t b[8];
         tf_ld8_a4(t.p + 8 * (s & 1), b);
         int sh = 4 * (s >> 1);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn((float)((b[i] >> sh) & 0xF), t.a), t.b);
+        for (int i = 0; i < 8; i++) w[i] = __fadd_rn(__fmul_rn(tf_int_f<0>((b[i] >> sh) & 0xF), t.a), t.b);
     } else if (FMT == TF_Q5_0) {
         uint8_t b[8];
         tf_ld8_a2(t.p + 8 * (s & 1), b);
@@ -194,18 +209,18 @@ __device__ __forceinline__ void tf_get8(const TfUnit& t, int s, float w[8]) {
             int j = 8 * (s & 1) + i;  // index into qs
             uint32_t q = hi ? ((b[i] >> 4) | ((t.h >> (j + 12)) & 0x10))
                             : ((b[i] & 0xF) | (((t.h >> j) << 4) & 0x10));
-            w[i] = __fmul_rn((float)((int)q - 16), t.a);
+            w[i] = __fmul_rn(tf_int_f<16>(q), t.a);
         }
     } else if (FMT == TF_Q8_0) {
         uint8_t b[8];
         tf_ld8_a2(t.p + 8 * s, b);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = __fmul_rn((float)(int8_t)b[i], t.a);
+        for (int i = 0; i < 8; i++) w[i] = __fmul_rn(tf_i8_f(b[i]), t.a);
     } else if (FMT == TF_Q4K) {
         uint8_t b[8];
         tf_ld8_a8(t.p + 8 * s, b);
 #pragma unroll
-        for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(t.a, (float)((b[i] >> t.h) & 0xF)), t.b);
+        for (int i = 0; i < 8; i++) w[i] = __fsub_rn(__fmul_rn(t.a, tf_int_f<0>((b[i] >> t.h) & 0xF)), t.b);
     } else if (FMT == TF_Q6K) {
         uint8_t l[8], h[8];
         tf_ld8_a2(t.p + 8 * s, l);
@@ -214,8 +229,8 @@ __device__ __forceinline__ void tf_get8(const TfUnit& t, int s, float w[8]) {
         float a = s < 2 ? t.a : t.b;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            int q = (int)(((l[i] >> shl) & 0xF) | (((h[i] >> shh) & 3) << 4)) - 32;
-            w[i] = __fmul_rn(a, (float)q);
+            const uint32_t q = ((l[i] >> shl) & 0xF) | (((h[i] >> shh) & 3) << 4);
+            w[i] = __fmul_rn(a, tf_int_f<32>(q));
         }
     }
 }
