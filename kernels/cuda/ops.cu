@@ -63,18 +63,46 @@ extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tok
 }
 
 // out[r] = rmsnorm(x[src]) * w, src = idx ? idx[r] : r. One block per row;
-// each thread sums squares over a fixed stride, then a fixed tree.
+// each thread sums squares over a fixed stride, then a fixed tree. Loads
+// are taken TF_NORM_BATCH strides at a time so they are in flight together
+// (the order of the sums does not change with the batch).
+#define TF_NORM_BATCH 8
 extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
-    rmsnorm(const float* x, const long long* idx, const float* w, float* out, int H, float eps) {
+    rmsnorm(const float* __restrict__ x, const long long* __restrict__ idx, const float* __restrict__ w,
+            float* __restrict__ out, int H, float eps) {
     __shared__ float sh[TF_NORM_THREADS];
     const int r = blockIdx.x;
     const float* xr = x + (size_t)(idx ? idx[r] : r) * H;
+    constexpr int STEP = TF_NORM_THREADS * TF_NORM_BATCH;
     float ss = 0.f;
-    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) ss = __fmaf_rn(xr[i], xr[i], ss);
+    for (int i0 = threadIdx.x; i0 < H; i0 += STEP) {
+        float v[TF_NORM_BATCH];
+#pragma unroll
+        for (int b = 0; b < TF_NORM_BATCH; b++) {
+            const int i = i0 + b * TF_NORM_THREADS;
+            v[b] = i < H ? xr[i] : 0.f;
+        }
+#pragma unroll
+        for (int b = 0; b < TF_NORM_BATCH; b++)
+            if (i0 + b * TF_NORM_THREADS < H) ss = __fmaf_rn(v[b], v[b], ss);
+    }
     ss = tf_block_sum(ss, sh);
     const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)H, eps));
     float* o = out + (size_t)r * H;
-    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+    for (int i0 = threadIdx.x; i0 < H; i0 += STEP) {
+        float v[TF_NORM_BATCH], g[TF_NORM_BATCH];
+#pragma unroll
+        for (int b = 0; b < TF_NORM_BATCH; b++) {
+            const int i = i0 + b * TF_NORM_THREADS;
+            v[b] = i < H ? xr[i] : 0.f;
+            g[b] = i < H ? w[i] : 0.f;
+        }
+#pragma unroll
+        for (int b = 0; b < TF_NORM_BATCH; b++) {
+            const int i = i0 + b * TF_NORM_THREADS;
+            if (i < H) o[i] = __fmul_rn(__fmul_rn(v[b], scale), g[b]);
+        }
+    }
 }
 
 // After the fused q|k|v product: bias, per-head norm (qwen3), rotary
