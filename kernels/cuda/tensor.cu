@@ -1,17 +1,23 @@
 // Row-invariant matrix product on tensor cores, for the GGUF quantized
-// formats: y[i, off + j] (+)= sum_k x[i, k] * W[j, k], with W decoded and x
-// rounded to f16 and products accumulated in f32 by mma.m16n8k16.
+// formats: y[i, off + j] (+)= sum_k x[i, k] * W[j, k].
+//
+// A weight unit (32 inputs) is a scale times small integers, plus an
+// offset for Q4_1 and Q4_K: w = a q + m. The integers are exact in f16, so
+// mma.m16n8k16 takes them as they are, with x rounded to f16, and a unit
+// contributes a * (q . x) + m * (1 . x), each dot one mma chain from zero
+// (Q6_K's two halves of 16 have their own scales: a0 (q . x)_0 +
+// a1 (q . x)_1). So no weight is rounded, and decoding is a few integer
+// operations per input.
 //
 // The order of every output element's reduction is fixed by K alone:
 // K is cut into segments of TF_SEG units (256 inputs, the last may be
-// shorter); a segment's sum is one chain of mma instructions over its
-// units in order, two per unit (inputs 8t + {0..3} of each quad thread t,
-// then 8t + {4..7}), starting from zero; segment sums are then added in
-// segment order, starting from zero. An mma computes each output element
-// from that element's weight row, input row and accumulator alone, so
-// neither the tile a row lands in nor its place there changes its bits.
-// The kernel for few rows and the kernel for many only spread this same
-// order differently over warps.
+// shorter); a segment's sum adds its units' contributions in order,
+// starting from zero; segment sums are then added in segment order,
+// starting from zero. An mma computes each output element from that
+// element's weight row, input row and accumulator alone, so neither the
+// tile a row lands in nor its place there changes its bits. The kernel
+// for few rows and the kernel for many only spread this same order
+// differently over warps.
 #include "common.cuh"
 
 #define TF_SEG 8
@@ -31,44 +37,141 @@ __device__ __forceinline__ void tf_mma(float d[4], const uint32_t a[4], const ui
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// The A fragments of unit u for weight rows g (lo) and g + 8 (hi) of a
-// tile, both halves. Thread t of a quad feeds mma slots 2t, 2t+1, 2t+8,
-// 2t+9 with its elements 8t + 4h + {0, 1, 2, 3} in half h.
+// Input slots. Thread t of a quad feeds mma slots 2t, 2t + 1, 2t + 8,
+// 2t + 9; in mma h of a unit they hold its elements 16h + 4t + 0, 2, 1, 3.
+// So a thread reads four consecutive elements per half, and the weight
+// bytes of elements 0 and 2 (1 and 3) of a 32-bit word sit where the
+// halves of an f16 pair go.
+
+// Two f16 integers minus a bias, from the 16-bit halves of v, each < 1024:
+// 0x6400 is 1024 in f16, so (0x6400 | n) is 1024 + n exactly, and the
+// subtraction is exact.
+__device__ __forceinline__ uint32_t tf_ints_h2(uint32_t v, uint32_t bias2) {
+    const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&bias2));
+    return *reinterpret_cast<const uint32_t*>(&r);
+}
+// f16 1024 + bias in both halves.
+#define TF_H2_BIAS(b) (0x64006400u | ((uint32_t)(b) << 16) | (uint32_t)(b))
+
+// The four nibbles at shift 0 of bytes 0..3 of v: (0, 2) and (1, 3).
+__device__ __forceinline__ void tf_nibbles(uint32_t v, uint32_t bias2, uint32_t q[2]) {
+    q[0] = tf_ints_h2((v & 0x000F000Fu) | 0x64006400u, bias2);
+    q[1] = tf_ints_h2(((v >> 8) & 0x000F000Fu) | 0x64006400u, bias2);
+}
+// The four bytes of v: (0, 2) and (1, 3).
+__device__ __forceinline__ void tf_bytes(uint32_t v, uint32_t bias2, uint32_t q[2]) {
+    q[0] = tf_ints_h2(__byte_perm(v, 0x64646464u, 0x4240), bias2);
+    q[1] = tf_ints_h2(__byte_perm(v, 0x64646464u, 0x4341), bias2);
+}
+// Four bytes from a 2-byte aligned address.
+__device__ __forceinline__ uint32_t tf_ld32_a2(const uint8_t* p) {
+    return (uint32_t)tf_ld16(p) | ((uint32_t)tf_ld16(p + 2) << 16);
+}
+
+// A weight unit as the tensor-core kernels use it.
+struct TfQUnit {
+    uint32_t q[2][2];  // [h][pair]: f16 integers in slot order
+    float a[2];        // scale of each half
+    float m;           // offset (Q4_1, Q4_K)
+};
+
 template <int FMT>
-__device__ __forceinline__ void tf_a_frags(const uint8_t* lo, const uint8_t* hi, int u, int t, uint32_t a[2][4]) {
-    float wl[8], wh[8];
-    tf_get8<FMT>(tf_prep<FMT>(lo, u), t, wl);
-    tf_get8<FMT>(tf_prep<FMT>(hi, u), t, wh);
+__device__ __forceinline__ constexpr bool tf_has_offset() {
+    return FMT == TF_Q4_1 || FMT == TF_Q4K;
+}
+
+// Thread t's part of unit u of a weight row: integers and scales.
+template <int FMT>
+__device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* row, int u, int t) {
+    const TfUnit p = tf_prep<FMT>(row, u);
+    TfQUnit w;
+    w.a[0] = w.a[1] = p.a;
+    w.m = 0.f;
+    if (FMT == TF_Q4_0 || FMT == TF_Q4_1) {
+        // Byte i holds element i (low nibble) and 16 + i (high).
+        const uint32_t v = FMT == TF_Q4_0 ? tf_ld32_a2(p.p + 4 * t) : tf_ld32(p.p + 4 * t);
+        const uint32_t bias = TF_H2_BIAS(FMT == TF_Q4_0 ? 8 : 0);
+        tf_nibbles(v, bias, w.q[0]);
+        tf_nibbles(v >> 4, bias, w.q[1]);
+        if (FMT == TF_Q4_1) w.m = p.b;
+    } else if (FMT == TF_Q5_0) {
+        const uint32_t v = tf_ld32_a2(p.p + 4 * t);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            // Bit e of qh is bit 4 of element e; the product spreads four
+            // bits to the low bit of each byte without carries.
+            const uint32_t hb = (p.h >> (16 * h + 4 * t)) & 0xF;
+            const uint32_t five = ((v >> (4 * h)) & 0x0F0F0F0Fu) | (((hb * 0x00204081u) & 0x01010101u) << 4);
+            tf_bytes(five, TF_H2_BIAS(16), w.q[h]);
+        }
+    } else if (FMT == TF_Q8_0) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            tf_bytes(tf_ld32_a2(p.p + 16 * h + 4 * t) ^ 0x80808080u, TF_H2_BIAS(128), w.q[h]);
+    } else if (FMT == TF_Q4K) {
+        // 32 bytes, one nibble (at shift p.h) per element.
+#pragma unroll
+        for (int h = 0; h < 2; h++) tf_nibbles(tf_ld32(p.p + 16 * h + 4 * t) >> p.h, TF_H2_BIAS(0), w.q[h]);
+        w.m = -p.b;
+    } else if (FMT == TF_Q6K) {
+        const int shl = p.h & 0xFF, shh = p.h >> 8;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t l = tf_ld32_a2(p.p + 16 * h + 4 * t);
+            const uint32_t hi = tf_ld32_a2(p.p + __float_as_int(p.c) + 16 * h + 4 * t);
+            const uint32_t six = ((l >> shl) & 0x0F0F0F0Fu) | (((hi >> shh) & 0x03030303u) << 4);
+            tf_bytes(six, TF_H2_BIAS(32), w.q[h]);
+        }
+        w.a[1] = p.b;
+    }
+    return w;
+}
+
+// The B fragments of unit u for one input row, both halves, in slot order.
+__device__ __forceinline__ void tf_b_frags(const float* xr, int u, int t, uint32_t b[2][2]) {
 #pragma unroll
     for (int h = 0; h < 2; h++) {
-        a[h][0] = tf_pack_h2(wl[4 * h], wl[4 * h + 1]);
-        a[h][1] = tf_pack_h2(wh[4 * h], wh[4 * h + 1]);
-        a[h][2] = tf_pack_h2(wl[4 * h + 2], wl[4 * h + 3]);
-        a[h][3] = tf_pack_h2(wh[4 * h + 2], wh[4 * h + 3]);
+        const float4 v = *reinterpret_cast<const float4*>(xr + 32 * u + 16 * h + 4 * t);
+        b[h][0] = tf_pack_h2(v.x, v.z);
+        b[h][1] = tf_pack_h2(v.y, v.w);
     }
 }
 
-// The B fragments of unit u for one input row, both halves, in the same
-// slot order as the A fragments.
-__device__ __forceinline__ void tf_b_frags(const float* xr, int u, int t, uint32_t b[2][2]) {
-    const float4* p = reinterpret_cast<const float4*>(xr + 32 * u + 8 * t);
-    const float4 v0 = p[0], v1 = p[1];
-    b[0][0] = tf_pack_h2(v0.x, v0.y);
-    b[0][1] = tf_pack_h2(v0.z, v0.w);
-    b[1][0] = tf_pack_h2(v1.x, v1.y);
-    b[1][1] = tf_pack_h2(v1.z, v1.w);
+// (1 . x) of a unit for an 8-row input tile: d[0], d[1] (= d[2], d[3]) for
+// input rows 2t, 2t + 1. Zero where formats have no offset.
+template <int FMT>
+__device__ __forceinline__ void tf_unit_sums(const uint32_t b[2][2], float s[4]) {
+    s[0] = s[1] = s[2] = s[3] = 0.f;
+    if (tf_has_offset<FMT>()) {
+        const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+        tf_mma(s, ones, b[0]);
+        tf_mma(s, ones, b[1]);
+    }
 }
 
-// One unit's two steps of the chain for one 16 x 8 tile.
-// `u` indexes the inputs, `wu` the same unit in the weight rows given.
+// Adds one unit's contribution for a 16 x 8 tile (weight rows g, g + 8:
+// `lo`, `hi`) to the segment sums `acc`; `s` from tf_unit_sums.
 template <int FMT>
-__device__ __forceinline__ void tf_mma_unit(const uint8_t* lo, const uint8_t* hi, const float* xr, int u, int wu,
-                                            int t, float d[4]) {
-    uint32_t a[2][4], b[2][2];
-    tf_a_frags<FMT>(lo, hi, wu, t, a);
-    tf_b_frags(xr, u, t, b);
-    tf_mma(d, a[0], b[0]);
-    tf_mma(d, a[1], b[1]);
+__device__ __forceinline__ void tf_unit_add(const TfQUnit& lo, const TfQUnit& hi, const uint32_t b[2][2],
+                                            const float s[4], float acc[4]) {
+    float d[2][4] = {};
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint32_t a[4] = {lo.q[h][0], hi.q[h][0], lo.q[h][1], hi.q[h][1]};
+        // One chain over both halves, unless their scales differ.
+        tf_mma(d[FMT == TF_Q6K ? h : 0], a, b[h]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const TfQUnit& w = e < 2 ? lo : hi;
+        if (FMT == TF_Q6K) {
+            acc[e] = __fadd_rn(acc[e], __fmaf_rn(w.a[0], d[0][e], __fmul_rn(w.a[1], d[1][e])));
+        } else if (tf_has_offset<FMT>()) {
+            acc[e] = __fadd_rn(acc[e], __fmaf_rn(w.a[0], d[0][e], __fmul_rn(w.m, s[e])));
+        } else {
+            acc[e] = __fmaf_rn(w.a[0], d[0][e], acc[e]);
+        }
+    }
 }
 
 __device__ __forceinline__ void tf_store(float* y, int M, int N, int ldy, int accumulate, int i, int j, float v) {
@@ -83,6 +186,18 @@ __device__ __forceinline__ void tf_store(float* y, int M, int N, int ldy, int ac
 template <int FMT>
 __host__ __device__ constexpr int tf_seg_words() {
     return (int)((tf_row_bytes(FMT, 32 * TF_SEG) + 15) / 16) + 1;
+}
+
+// One unit of the few-row kernel: `u` indexes the inputs, `wu` the same
+// unit in the weight rows given.
+template <int FMT>
+__device__ __forceinline__ void tf_few_unit(const uint8_t* lo, const uint8_t* hi, const float* xr, int u, int wu,
+                                            int t, float acc[4]) {
+    uint32_t b[2][2];
+    float s[4];
+    tf_b_frags(xr, u, t, b);
+    tf_unit_sums<FMT>(b, s);
+    tf_unit_add<FMT>(tf_qunit<FMT>(lo, wu, t), tf_qunit<FMT>(hi, wu, t), b, s, acc);
 }
 
 // Few rows (one tile of 8 input rows per block row): a block owns 16
@@ -127,9 +242,9 @@ __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const 
         float d[4] = {};
         if (u0 + TF_SEG <= units) {
 #pragma unroll
-            for (int u = 0; u < TF_SEG; u++) tf_mma_unit<FMT>(rows[0], rows[1], xr, u0 + u, u, t, d);
+            for (int u = 0; u < TF_SEG; u++) tf_few_unit<FMT>(rows[0], rows[1], xr, u0 + u, u, t, d);
         } else {
-            for (int u = 0; u < units - u0; u++) tf_mma_unit<FMT>(rows[0], rows[1], xr, u0 + u, u, t, d);
+            for (int u = 0; u < units - u0; u++) tf_few_unit<FMT>(rows[0], rows[1], xr, u0 + u, u, t, d);
         }
         part[s * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
     }
@@ -181,17 +296,17 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
             const int u = s * TF_SEG + k;
             if (u >= units) break;
             uint32_t b[TN][2][2];
+            float sums[TN][4];
 #pragma unroll
-            for (int n = 0; n < TN; n++) tf_b_frags(xr[n], u, t, b[n]);
+            for (int n = 0; n < TN; n++) {
+                tf_b_frags(xr[n], u, t, b[n]);
+                tf_unit_sums<FMT>(b[n], sums[n]);
+            }
 #pragma unroll
             for (int c = 0; c < TC; c++) {
-                uint32_t a[2][4];
-                tf_a_frags<FMT>(lo[c], hi[c], u, t, a);
+                const TfQUnit wl = tf_qunit<FMT>(lo[c], u, t), wh = tf_qunit<FMT>(hi[c], u, t);
 #pragma unroll
-                for (int n = 0; n < TN; n++) {
-                    tf_mma(d[c][n], a[0], b[n][0]);
-                    tf_mma(d[c][n], a[1], b[n][1]);
-                }
+                for (int n = 0; n < TN; n++) tf_unit_add<FMT>(wl, wh, b[n], sums[n], d[c][n]);
             }
         }
 #pragma unroll
