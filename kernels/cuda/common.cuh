@@ -106,6 +106,19 @@ __host__ __device__ constexpr size_t tf_row_bytes(int fmt, int k) {
     return 0;
 }
 
+// The 6-bit scale and min of sub-block j of a Q4_K super-block
+// (get_scale_min_k4 of GGML).
+__device__ __forceinline__ void tf_q4k_scale_min(const uint8_t* sb, int j, uint32_t& sc, uint32_t& m) {
+    const uint8_t* s = sb + 4;
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 template <int FMT>
 __device__ __forceinline__ TfUnit tf_prep(const uint8_t* row, int u) {
     TfUnit t;
@@ -139,16 +152,8 @@ __device__ __forceinline__ TfUnit tf_prep(const uint8_t* row, int u) {
         int j = u & 7;
         uint32_t dm = tf_ld32(sb);
         float d = tf_scale_f(dm & 0xFFFF), dmin = tf_scale_f(dm >> 16);
-        const uint8_t* s = sb + 4;
-        int sc, m;
-        // get_scale_min_k4 of GGML.
-        if (j < 4) {
-            sc = s[j] & 63;
-            m = s[j + 4] & 63;
-        } else {
-            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
-            m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-        }
+        uint32_t sc, m;
+        tf_q4k_scale_min(sb, j, sc, m);
         t.a = __fmul_rn(d, tf_int_f<0>(sc));
         t.b = __fmul_rn(dmin, tf_int_f<0>(m));
         t.p = sb + 16 + 32 * (j >> 1);

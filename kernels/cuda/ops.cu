@@ -180,6 +180,17 @@ struct TfKeyBlock {
     float max, sum;
 };
 
+// Asks L2 for a whole key block's keys and values at once, so the loads
+// that follow (a few at a time per lane) wait on L2, not on memory.
+__device__ __forceinline__ void tf_prefetch_block(const float* kb, const float* vb, size_t stride, int valid,
+                                                  int lane, int hd) {
+    for (int j = lane; j < valid; j += 32)
+        for (int d = 0; d < hd; d += 32) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + (size_t)j * stride + d));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + (size_t)j * stride + d));
+        }
+}
+
 __device__ __forceinline__ TfKeyBlock tf_key_block(const float* qs, const float* kb, size_t stride, int valid,
                                                    int lane, int hd, float scale) {
     // Both keys of this lane in one pass: two independent chains, the
@@ -379,6 +390,7 @@ extern "C" __global__ void __launch_bounds__(512)
         if (g0 + warp < blocks) {
             const long long b0 = (g0 + warp) * TF_KEY_BLOCK;
             const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
+            tf_prefetch_block(K + (size_t)b0 * kvw, V + (size_t)b0 * kvw, kvw, valid, lane, hd);
             const TfKeyBlock b = tf_key_block(qs, K + (size_t)b0 * kvw, kvw, valid, lane, hd, scale);
             float o[TF_MAX_HD / 32];
             tf_key_block_values(b, V + (size_t)b0 * kvw, kvw, valid, lane, hd, o);

@@ -3,24 +3,28 @@
 //
 // A weight unit (32 inputs) is a scale times small integers, plus an
 // offset for Q4_1 and Q4_K: w = a q + m. The integers are exact in f16, so
-// mma.m16n8k16 takes them as they are, with x rounded to f16, and a unit
-// contributes a * (q . x) + m * (1 . x), each dot one mma chain from zero
-// (Q6_K's two halves of 16 have their own scales: a0 (q . x)_0 +
-// a1 (q . x)_1). So no weight is rounded, and decoding is a few integer
-// operations per input.
+// mma.m16n8k16 takes them as they are, with x rounded to f16, and no
+// weight is rounded; decoding is a few integer operations per input.
+// - Q4_K: a unit's 6-bit scale times its 4-bit integers is still exact in
+//   f16, so a super-block (one segment, below) is two mma chains over its
+//   eight units, (sc q . x) and (min . x), and its value is
+//   d (sc q . x) - dmin (min . x).
+// - The others: a unit contributes a (q . x) (+ m (1 . x) for Q4_1), each
+//   dot one mma chain from zero; Q6_K's halves of 16 have their own
+//   scales: a0 (q . x)_0 + a1 (q . x)_1.
 //
 // The order of every output element's reduction is fixed by K alone:
 // K is cut into segments of TF_SEG units (256 inputs, the last may be
-// shorter); a segment's sum adds its units' contributions in order,
-// starting from zero; segment sums are then added in segment order,
-// starting from zero. An mma computes each output element from that
-// element's weight row, input row and accumulator alone, so neither the
-// tile a row lands in nor its place there changes its bits. The kernel
-// for few rows and the kernel for many only spread this same order
-// differently over warps.
+// shorter); a segment's sum takes its units in order, starting from zero;
+// segment sums are then added in segment order, starting from zero. An mma
+// computes each output element from that element's weight row, input row
+// and accumulator alone, so neither the tile a row lands in nor its place
+// there changes its bits. The kernel for few rows and the kernel for many
+// only spread this same order differently over warps.
 #include "common.cuh"
 
 #define TF_SEG 8
+static_assert(TF_SEG * 32 == 256, "a Q4_K segment is one super-block");
 #define TF_MANY_WARPS 4
 
 __device__ __forceinline__ uint32_t tf_pack_h2(float lo, float hi) {
@@ -68,25 +72,49 @@ __device__ __forceinline__ uint32_t tf_ld32_a2(const uint8_t* p) {
     return (uint32_t)tf_ld16(p) | ((uint32_t)tf_ld16(p + 2) << 16);
 }
 
+__device__ __forceinline__ __half2 tf_as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
+__device__ __forceinline__ uint32_t tf_h2_bits(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+
 // A weight unit as the tensor-core kernels use it.
 struct TfQUnit {
-    uint32_t q[2][2];  // [h][pair]: f16 integers in slot order
-    float a[2];        // scale of each half
-    float m;           // offset (Q4_1, Q4_K)
+    uint32_t q[2][2];  // [h][pair]: f16 integers in slot order (Q4_K: times the scale)
+    uint32_t mq;       // Q4_K: the unit's min, an f16 integer in both halves
+    float a[2];        // scale of each half (not Q4_K)
+    float m;           // offset (Q4_1)
 };
 
+// Q4_1 units need the inputs' own sum.
 template <int FMT>
 __device__ __forceinline__ constexpr bool tf_has_offset() {
-    return FMT == TF_Q4_1 || FMT == TF_Q4K;
+    return FMT == TF_Q4_1;
 }
 
 // Thread t's part of unit u of a weight row: integers and scales.
 template <int FMT>
 __device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* row, int u, int t) {
-    const TfUnit p = tf_prep<FMT>(row, u);
     TfQUnit w;
-    w.a[0] = w.a[1] = p.a;
     w.m = 0.f;
+    if (FMT == TF_Q4K) {
+        const uint8_t* sb = row + (size_t)(u >> 3) * 144;
+        const int j = u & 7;
+        uint32_t sc, mn;
+        tf_q4k_scale_min(sb, j, sc, mn);
+        w.mq = tf_ints_h2(0x64006400u | mn | (mn << 16), TF_H2_BIAS(0));
+        // (1024 + q) sc - 1024 sc is q sc < 2^10, exactly, in one rounding.
+        const __half2 s2 = tf_as_h2(tf_ints_h2(0x64006400u | sc | (sc << 16), TF_H2_BIAS(0)));
+        const __half2 off = __hmul2(s2, __float2half2_rn(-1024.f));
+        // 32 bytes, one nibble per element, at shift 4 in odd units.
+        const uint8_t* qs = sb + 16 + 32 * (j >> 1);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t v = tf_ld32(qs + 16 * h + 4 * t) >> (4 * (j & 1));
+            w.q[h][0] = tf_h2_bits(__hfma2(tf_as_h2((v & 0x000F000Fu) | 0x64006400u), s2, off));
+            w.q[h][1] = tf_h2_bits(__hfma2(tf_as_h2(((v >> 8) & 0x000F000Fu) | 0x64006400u), s2, off));
+        }
+        return w;
+    }
+    const TfUnit p = tf_prep<FMT>(row, u);
+    w.a[0] = w.a[1] = p.a;
     if (FMT == TF_Q4_0 || FMT == TF_Q4_1) {
         // Byte i holds element i (low nibble) and 16 + i (high).
         const uint32_t v = FMT == TF_Q4_0 ? tf_ld32_a2(p.p + 4 * t) : tf_ld32(p.p + 4 * t);
@@ -108,11 +136,6 @@ __device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* row, int u, int t) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
             tf_bytes(tf_ld32_a2(p.p + 16 * h + 4 * t) ^ 0x80808080u, TF_H2_BIAS(128), w.q[h]);
-    } else if (FMT == TF_Q4K) {
-        // 32 bytes, one nibble (at shift p.h) per element.
-#pragma unroll
-        for (int h = 0; h < 2; h++) tf_nibbles(tf_ld32(p.p + 16 * h + 4 * t) >> p.h, TF_H2_BIAS(0), w.q[h]);
-        w.m = -p.b;
     } else if (FMT == TF_Q6K) {
         const int shl = p.h & 0xFF, shh = p.h >> 8;
 #pragma unroll
@@ -149,11 +172,22 @@ __device__ __forceinline__ void tf_unit_sums(const uint32_t b[2][2], float s[4])
     }
 }
 
-// Adds one unit's contribution for a 16 x 8 tile (weight rows g, g + 8:
-// `lo`, `hi`) to the segment sums `acc`; `s` from tf_unit_sums.
+// Adds one unit to a 16 x 8 tile's segment chains (weight rows g, g + 8:
+// `lo`, `hi`; `s` from tf_unit_sums). Q4_K extends its two mma chains;
+// the others add the unit's scaled value to `d1`.
 template <int FMT>
 __device__ __forceinline__ void tf_unit_add(const TfQUnit& lo, const TfQUnit& hi, const uint32_t b[2][2],
-                                            const float s[4], float acc[4]) {
+                                            const float s[4], float d1[4], float d2[4]) {
+    if (FMT == TF_Q4K) {
+        const uint32_t mins[4] = {lo.mq, hi.mq, lo.mq, hi.mq};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const uint32_t a[4] = {lo.q[h][0], hi.q[h][0], lo.q[h][1], hi.q[h][1]};
+            tf_mma(d1, a, b[h]);
+            tf_mma(d2, mins, b[h]);
+        }
+        return;
+    }
     float d[2][4] = {};
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -165,11 +199,29 @@ __device__ __forceinline__ void tf_unit_add(const TfQUnit& lo, const TfQUnit& hi
     for (int e = 0; e < 4; e++) {
         const TfQUnit& w = e < 2 ? lo : hi;
         if (FMT == TF_Q6K) {
-            acc[e] = __fadd_rn(acc[e], __fmaf_rn(w.a[0], d[0][e], __fmul_rn(w.a[1], d[1][e])));
+            d1[e] = __fadd_rn(d1[e], __fmaf_rn(w.a[0], d[0][e], __fmul_rn(w.a[1], d[1][e])));
         } else if (tf_has_offset<FMT>()) {
-            acc[e] = __fadd_rn(acc[e], __fmaf_rn(w.a[0], d[0][e], __fmul_rn(w.m, s[e])));
+            d1[e] = __fadd_rn(d1[e], __fmaf_rn(w.a[0], d[0][e], __fmul_rn(w.m, s[e])));
         } else {
-            acc[e] = __fmaf_rn(w.a[0], d[0][e], acc[e]);
+            d1[e] = __fmaf_rn(w.a[0], d[0][e], d1[e]);
+        }
+    }
+}
+
+// A segment's sum from its chains; `lo` and `hi` point at the segment's
+// bytes in weight rows g and g + 8 (for Q4_K, its super-block).
+template <int FMT>
+__device__ __forceinline__ void tf_seg_sum(const uint8_t* lo, const uint8_t* hi, const float d1[4],
+                                           const float d2[4], float out[4]) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) out[e] = d1[e];
+    if (FMT == TF_Q4K) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint32_t dm = tf_ld32(r ? hi : lo);
+            const float d = tf_scale_f(dm & 0xFFFF), dmin = tf_scale_f(dm >> 16);
+#pragma unroll
+            for (int e = 2 * r; e < 2 * r + 2; e++) out[e] = __fmaf_rn(d, d1[e], __fmul_rn(-dmin, d2[e]));
         }
     }
 }
@@ -188,112 +240,161 @@ __host__ __device__ constexpr int tf_seg_words() {
     return (int)((tf_row_bytes(FMT, 32 * TF_SEG) + 15) / 16) + 1;
 }
 
-// One unit of the few-row kernel: `u` indexes the inputs, `wu` the same
-// unit in the weight rows given.
-template <int FMT>
-__device__ __forceinline__ void tf_few_unit(const uint8_t* lo, const uint8_t* hi, const float* xr, int u, int wu,
-                                            int t, float acc[4]) {
-    uint32_t b[2][2];
-    float s[4];
-    tf_b_frags(xr, u, t, b);
-    tf_unit_sums<FMT>(b, s);
-    tf_unit_add<FMT>(tf_qunit<FMT>(lo, wu, t), tf_qunit<FMT>(hi, wu, t), b, s, acc);
+// Asynchronous 16-byte copies from global to shared memory.
+__device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) {
+    const uint32_t to = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
 }
+__device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most one group of this thread's copies is in flight.
+__device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
-// Few rows (one tile of 8 input rows per block row): a block owns 16
-// weight rows, its warps take segments w, w + warps, ... and leave their
-// sums in shared memory; warp 0 adds them in segment order. A warp first
-// copies its segment's bytes of all 16 rows into shared memory with
-// aligned 16-byte loads (every load in flight at once, whole sectors),
-// then decodes from there. Dynamic shared memory: 512 bytes per segment,
-// then 256 * tf_seg_words bytes per warp (weight buffers are padded so the
-// last word read stays inside them).
-template <int FMT>
+// A warp's copies of segments of `R` consecutive weight rows (from j0,
+// clamped at the last) into shared memory, tf_seg_words 16-byte words a
+// row, two buffers: while the units of one are decoded, the next segment
+// lands in the other. Aligned 16-byte copies of whole sectors; only the
+// words holding the segment's bytes are read.
+template <int FMT, int R>
+struct TfSegCopy {
+    static constexpr int QW = tf_seg_words<FMT>();
+    const uint8_t* W;
+    size_t rb;
+    int j0, N, units;
+    uint4* buffers;  // 2 * R * QW words
+
+    // Where segment s of row i starts in global memory.
+    __device__ __forceinline__ uintptr_t at(int i, int s) const {
+        return reinterpret_cast<uintptr_t>(W + (size_t)min(j0 + i, N - 1) * rb +
+                                           tf_row_bytes(FMT, 32 * TF_SEG * s));
+    }
+    // Starts copying segment s (if there is one) into buffer k.
+    __device__ __forceinline__ void fetch(int s, int k, int lane) const {
+        if (s * TF_SEG < units) {
+            const int seg_bytes = (int)tf_row_bytes(FMT, 32 * min(TF_SEG, units - s * TF_SEG));
+            uint4* words = buffers + k * R * QW;
+            for (int f = lane; f < R * QW; f += 32) {
+                const int i = f / QW, q = f % QW;
+                const uintptr_t from = at(i, s);
+                if (16 * q < (int)(from & 15) + seg_bytes)
+                    tf_cp16(words + f, reinterpret_cast<const void*>((from & ~(uintptr_t)15) + 16 * q));
+            }
+        }
+        tf_cp_commit();  // an empty group past the end keeps the count
+    }
+    // Segment s of row i in buffer k, once it has landed.
+    __device__ __forceinline__ const uint8_t* row(int i, int s, int k) const {
+        return reinterpret_cast<const uint8_t*>(buffers + k * R * QW + i * QW) + (at(i, s) & 15);
+    }
+};
+
+// Few rows (TN tiles of 8 input rows per block row): a block owns 16
+// weight rows, its warps take segments w, w + warps, ... (copied as
+// TfSegCopy does) and leave their sums in shared memory; then warp n adds
+// tile n's in segment order. Dynamic shared memory: TN * 512 bytes per
+// segment, then 2 * 256 * tf_seg_words bytes per warp (weight buffers are
+// padded so the last word read stays inside them).
+template <int FMT, int TN>
 __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                            float* __restrict__ y, int M, int N, int K, int ldy,
                                            int accumulate) {
     extern __shared__ float4 part[];
-    constexpr int QW = tf_seg_words<FMT>();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int j0 = blockIdx.x * 16, i0 = blockIdx.y * 8;
-    const size_t rb = tf_row_bytes(FMT, K);
+    const int i0 = blockIdx.y * 8 * TN;
     const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
-    uint4* words = reinterpret_cast<uint4*>(part + segs * 32) + warp * 16 * QW;
-    const float* xr = x + (size_t)min(i0 + g, M - 1) * K;
-    for (int s = warp; s < segs; s += warps) {
-        const int u0 = s * TF_SEG;
-        const size_t seg = tf_row_bytes(FMT, 32 * u0);
-        __syncwarp();
-        for (int f = lane; f < 16 * QW; f += 32) {
-            const int i = f / QW, q = f % QW;
-            const uintptr_t at = reinterpret_cast<uintptr_t>(W + (size_t)min(j0 + i, N - 1) * rb + seg);
-            words[f] = __ldg(reinterpret_cast<const uint4*>((at & ~(uintptr_t)15) + 16 * q));
-        }
-        __syncwarp();
-        // This segment of rows g and g + 8, as decoded from the copy.
-        const uint8_t* rows[2];
+    const TfSegCopy<FMT, 16> copy{W, tf_row_bytes(FMT, K), (int)blockIdx.x * 16, N, units,
+                                  reinterpret_cast<uint4*>(part + segs * TN * 32) +
+                                      warp * 2 * 16 * TfSegCopy<FMT, 16>::QW};
+    const float* xr[TN];
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int i = g + 8 * k;
-            const uintptr_t at = reinterpret_cast<uintptr_t>(W + (size_t)min(j0 + i, N - 1) * rb + seg);
-            rows[k] = reinterpret_cast<const uint8_t*>(words + i * QW) + (at & 15);
-        }
-        float d[4] = {};
-        if (u0 + TF_SEG <= units) {
+    for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * K;
+    copy.fetch(warp, 0, lane);
+    for (int s = warp, k = 0; s < segs; s += warps, k ^= 1) {
+        copy.fetch(s + warps, k ^ 1, lane);
+        tf_cp_wait_all_but_one();
+        __syncwarp();
+        const uint8_t* lo = copy.row(g, s, k);
+        const uint8_t* hi = copy.row(g + 8, s, k);
+        const int u0 = s * TF_SEG, n_units = min(TF_SEG, units - u0);
+        float d1[TN][4] = {}, d2[TN][4] = {};
 #pragma unroll
-            for (int u = 0; u < TF_SEG; u++) tf_few_unit<FMT>(rows[0], rows[1], xr, u0 + u, u, t, d);
-        } else {
-            for (int u = 0; u < units - u0; u++) tf_few_unit<FMT>(rows[0], rows[1], xr, u0 + u, u, t, d);
+        for (int wu = 0; wu < TF_SEG; wu++) {
+            if (wu >= n_units) break;
+            const TfQUnit wl = tf_qunit<FMT>(lo, wu, t), wh = tf_qunit<FMT>(hi, wu, t);
+#pragma unroll
+            for (int n = 0; n < TN; n++) {
+                uint32_t b[2][2];
+                float sums[4];
+                tf_b_frags(xr[n], u0 + wu, t, b);
+                tf_unit_sums<FMT>(b, sums);
+                tf_unit_add<FMT>(wl, wh, b, sums, d1[n], d2[n]);
+            }
         }
-        part[s * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
+#pragma unroll
+        for (int n = 0; n < TN; n++) {
+            float d[4];
+            tf_seg_sum<FMT>(lo, hi, d1[n], d2[n], d);
+            part[(s * TN + n) * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
+        }
+        __syncwarp();  // every lane is done with this buffer before it is refilled
     }
     __syncthreads();
-    if (warp != 0) return;
-    float v[4] = {};
-    for (int s = 0; s < segs; s++) {
-        const float4 p = part[s * 32 + lane];
-        v[0] = __fadd_rn(v[0], p.x);
-        v[1] = __fadd_rn(v[1], p.y);
-        v[2] = __fadd_rn(v[2], p.z);
-        v[3] = __fadd_rn(v[3], p.w);
+    const int j0 = blockIdx.x * 16;
+    for (int n = warp; n < TN; n += warps) {
+        float v[4] = {};
+        for (int s = 0; s < segs; s++) {
+            const float4 p = part[(s * TN + n) * 32 + lane];
+            v[0] = __fadd_rn(v[0], p.x);
+            v[1] = __fadd_rn(v[1], p.y);
+            v[2] = __fadd_rn(v[2], p.z);
+            v[3] = __fadd_rn(v[3], p.w);
+        }
+        // Accumulator slots: (row g, input rows 2t, 2t + 1), then row g + 8.
+        const int i = i0 + 8 * n + 2 * t;
+        tf_store(y, M, N, ldy, accumulate, i, j0 + g, v[0]);
+        tf_store(y, M, N, ldy, accumulate, i + 1, j0 + g, v[1]);
+        tf_store(y, M, N, ldy, accumulate, i, j0 + g + 8, v[2]);
+        tf_store(y, M, N, ldy, accumulate, i + 1, j0 + g + 8, v[3]);
     }
-    // Accumulator slots: (row g, input rows 2t, 2t + 1), then row g + 8.
-    tf_store(y, M, N, ldy, accumulate, i0 + 2 * t, j0 + g, v[0]);
-    tf_store(y, M, N, ldy, accumulate, i0 + 2 * t + 1, j0 + g, v[1]);
-    tf_store(y, M, N, ldy, accumulate, i0 + 2 * t, j0 + g + 8, v[2]);
-    tf_store(y, M, N, ldy, accumulate, i0 + 2 * t + 1, j0 + g + 8, v[3]);
 }
 
 // Many rows: a warp owns 16 * TC weight rows by 8 * TN input rows and walks
-// the segments in order itself, keeping the running total beside the
-// segment's sum; a block is TF_MANY_WARPS warps side by side over weight
-// rows, sharing their input rows through L1.
+// the segments in order itself (copied as TfSegCopy does), keeping the
+// running total beside the segment's sum; a block is TF_MANY_WARPS warps
+// side by side over weight rows, sharing their input rows through L1.
+// Dynamic shared memory: 2 * 256 * TC * tf_seg_words bytes per warp.
 template <int FMT, int TC, int TN>
 __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int M, int N, int K, int ldy,
                                             int accumulate) {
+    extern __shared__ float4 staged[];
+    constexpr int R = 16 * TC;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int j0 = (blockIdx.x * TF_MANY_WARPS + warp) * 16 * TC, i0 = blockIdx.y * 8 * TN;
+    const int j0 = (blockIdx.x * TF_MANY_WARPS + warp) * R, i0 = blockIdx.y * 8 * TN;
     if (j0 >= N) return;
-    const size_t rb = tf_row_bytes(FMT, K);
-    const uint8_t *lo[TC], *hi[TC];
-#pragma unroll
-    for (int c = 0; c < TC; c++) {
-        lo[c] = W + (size_t)min(j0 + 16 * c + g, N - 1) * rb;
-        hi[c] = W + (size_t)min(j0 + 16 * c + g + 8, N - 1) * rb;
-    }
+    const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
+    const TfSegCopy<FMT, R> copy{W, tf_row_bytes(FMT, K), j0, N, units,
+                                 reinterpret_cast<uint4*>(staged) + warp * 2 * R * TfSegCopy<FMT, R>::QW};
     const float* xr[TN];
 #pragma unroll
     for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * K;
-    const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
     float total[TC][TN][4] = {};
-    for (int s = 0; s < segs; s++) {
-        float d[TC][TN][4] = {};
+    copy.fetch(0, 0, lane);
+    for (int s = 0, k = 0; s < segs; s++, k ^= 1) {
+        copy.fetch(s + 1, k ^ 1, lane);
+        tf_cp_wait_all_but_one();
+        __syncwarp();
+        const uint8_t *lo[TC], *hi[TC];
+#pragma unroll
+        for (int c = 0; c < TC; c++) {
+            lo[c] = copy.row(16 * c + g, s, k);
+            hi[c] = copy.row(16 * c + g + 8, s, k);
+        }
+        float d1[TC][TN][4] = {}, d2[TC][TN][4] = {};
 #pragma unroll 2
-        for (int k = 0; k < TF_SEG; k++) {
-            const int u = s * TF_SEG + k;
+        for (int wu = 0; wu < TF_SEG; wu++) {
+            const int u = s * TF_SEG + wu;
             if (u >= units) break;
             uint32_t b[TN][2][2];
             float sums[TN][4];
@@ -304,17 +405,21 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
             }
 #pragma unroll
             for (int c = 0; c < TC; c++) {
-                const TfQUnit wl = tf_qunit<FMT>(lo[c], u, t), wh = tf_qunit<FMT>(hi[c], u, t);
+                const TfQUnit wl = tf_qunit<FMT>(lo[c], wu, t), wh = tf_qunit<FMT>(hi[c], wu, t);
 #pragma unroll
-                for (int n = 0; n < TN; n++) tf_unit_add<FMT>(wl, wh, b[n], sums[n], d[c][n]);
+                for (int n = 0; n < TN; n++) tf_unit_add<FMT>(wl, wh, b[n], sums[n], d1[c][n], d2[c][n]);
             }
         }
 #pragma unroll
         for (int c = 0; c < TC; c++)
 #pragma unroll
-            for (int n = 0; n < TN; n++)
+            for (int n = 0; n < TN; n++) {
+                float d[4];
+                tf_seg_sum<FMT>(lo[c], hi[c], d1[c][n], d2[c][n], d);
 #pragma unroll
-                for (int e = 0; e < 4; e++) total[c][n][e] = __fadd_rn(total[c][n][e], d[c][n][e]);
+                for (int e = 0; e < 4; e++) total[c][n][e] = __fadd_rn(total[c][n][e], d[e]);
+            }
+        __syncwarp();  // every lane is done with this buffer before it is refilled
     }
 #pragma unroll
     for (int c = 0; c < TC; c++)
@@ -328,11 +433,11 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
         }
 }
 
-#define TF_TC_FEW(NAME, FMT)                                                                   \
+#define TF_TC_FEW(NAME, FMT, TN, SUFFIX)                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME##_few(const uint8_t* W, const float* x, float* y, int M, int N, int K, int ldy,    \
-                   int accumulate) {                                                           \
-        tf_mma_few<FMT>(W, x, y, M, N, K, ldy, accumulate);                                    \
+        NAME##_few##SUFFIX(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
+                           int ldy, int accumulate) {                                          \
+        tf_mma_few<FMT, TN>(W, x, y, M, N, K, ldy, accumulate);                                \
     }
 
 #define TF_TC_MANY(NAME, FMT, TC, TN)                                                          \
@@ -343,7 +448,9 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
     }
 
 #define TF_TC_ALL(NAME, FMT)       \
-    TF_TC_FEW(NAME, FMT)           \
+    TF_TC_FEW(NAME, FMT, 1, )      \
+    TF_TC_FEW(NAME, FMT, 2, 2)     \
+    TF_TC_FEW(NAME, FMT, 4, 4)     \
     TF_TC_MANY(NAME, FMT, 2, 4)    \
     TF_TC_MANY(NAME, FMT, 1, 4)    \
     TF_TC_MANY(NAME, FMT, 2, 2)

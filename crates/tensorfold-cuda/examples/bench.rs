@@ -307,8 +307,9 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
     ours
 }
 
-/// Device time by kernel of 16 decode steps after a 128-token prompt, and
-/// of one 256-row prefill chunk at position 1792.
+/// Device time by kernel of 16 decode steps after a 128-token prompt, of
+/// one round of 16 streams after 128-token prompts, and of one 256-row
+/// prefill chunk at position 1792.
 fn profile(g: &CudaModel, toks: &[u32]) {
     let show = |what: &str, times: Vec<tensorfold_cuda::KernelTime>| {
         let total: f64 = times.iter().map(|t| t.ms).sum();
@@ -330,6 +331,23 @@ fn profile(g: &CudaModel, toks: &[u32]) {
         g.forward(&[*t], &mut kv, Logits::Last).unwrap();
     }
     show("16 decode steps", g.finish_profile().unwrap());
+    let mut caches: Vec<CudaKv> = (0..16).map(|_| g.new_cache()).collect();
+    for (i, kv) in caches.iter_mut().enumerate() {
+        prefill(g, kv, &toks[i * 128..(i + 1) * 128], 256);
+    }
+    let next: Vec<[u32; 1]> = (0..16).map(|i| [toks[4096 + i]]).collect();
+    let mut seqs: Vec<Seq<'_, CudaKv>> = caches
+        .iter_mut()
+        .zip(&next)
+        .map(|(kv, t)| Seq {
+            tokens: t,
+            cache: kv,
+            logits: Logits::Last,
+        })
+        .collect();
+    g.start_profile();
+    g.forward_batch(&mut seqs).unwrap();
+    show("a round of 16 streams", g.finish_profile().unwrap());
     let mut kv = g.new_cache();
     prefill(g, &mut kv, &toks[..1792], 256);
     g.start_profile();

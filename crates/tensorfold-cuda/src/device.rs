@@ -91,8 +91,9 @@ impl Tile {
 /// take the f32 multiply-add kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatmulKernels {
-    /// Tensor cores (`kernels/cuda/tensor.cu`): weights and inputs rounded
-    /// to f16, products summed in f32. The default.
+    /// Tensor cores (`kernels/cuda/tensor.cu`): integer weights exact in
+    /// f16, inputs rounded to f16, products summed in f32, scales applied
+    /// per unit. The default.
     TensorCores,
     /// f32 multiply-adds on the CUDA cores (`kernels/cuda/matmul.cu`):
     /// inputs kept in f32, slower for many rows.
@@ -115,23 +116,37 @@ impl MatmulKernels {
 const MANY_TILES: [(usize, usize); 3] = [(2, 4), (1, 4), (2, 2)];
 const MANY_WARPS: usize = 4;
 /// Rows from which a call takes the tensor-core kernel for many rows.
-const MANY_FROM: usize = 16;
+const MANY_FROM: usize = 33;
+/// Input tiles (8 rows each) a few-row block may take: `tc_*_few`,
+/// `tc_*_few2`, `tc_*_few4`.
+const FEW_TILES: [usize; 3] = [1, 2, 4];
 /// Inputs one segment of a tensor-core reduction covers (`TF_SEG` units).
 const SEGMENT: usize = 256;
 /// Warps of a few-row block at most.
 const FEW_WARPS: usize = 8;
 /// Shared memory the few-row kernel may use.
-const FEW_SHARED_MAX: usize = 128 << 10;
-/// Zero bytes after every weight buffer: the few-row kernel copies whole
-/// aligned 16-byte words, up to 31 bytes past a row's last block.
+const FEW_SHARED_MAX: usize = 200 << 10;
+/// Zero bytes after every weight buffer: the tensor-core kernels copy
+/// whole aligned 16-byte words, up to 15 bytes past a row's last block.
 const WEIGHT_PAD: usize = 32;
 
 /// Dynamic shared memory of a few-row block: every segment's partial
-/// sums (512 bytes), then each warp's copy of 16 rows of one segment
-/// (`tf_seg_words` 16-byte words a row).
-fn few_shared(format: Format, segments: usize, warps: usize) -> usize {
-    let words = format.matrix_bytes(1, SEGMENT).div_ceil(16) + 1;
-    segments * 512 + warps * 16 * words * 16
+/// sums (512 bytes an input tile), then each warp's two copies (one decoded, one in
+/// flight) of 16 rows of one segment (`tf_seg_words` 16-byte words a row).
+fn few_shared(format: Format, segments: usize, warps: usize, tiles: usize) -> usize {
+    segments * tiles * 512 + warps * 2 * 16 * segment_words(format) * 16
+}
+
+/// Dynamic shared memory of a many-row block with 16 `c`-row weight tiles
+/// per warp: each warp's two copies of its rows of one segment.
+fn many_shared(format: Format, c: usize) -> usize {
+    MANY_WARPS * 2 * 16 * c * segment_words(format) * 16
+}
+
+/// 16-byte words that hold a row's segment wherever it starts
+/// (`tf_seg_words`).
+fn segment_words(format: Format) -> usize {
+    format.matrix_bytes(1, SEGMENT).div_ceil(16) + 1
 }
 
 /// Warps of one attention block at most: (row, query head) pairs sharing
@@ -183,7 +198,8 @@ fn attention_tile(m: usize, group: usize) -> (usize, usize) {
 /// Which matmul kernel a launch took, for the profile.
 #[derive(Clone, Copy)]
 enum Kind {
-    Few,
+    /// With this many input tiles.
+    Few(usize),
     Many,
     Tile(usize),
     Any,
@@ -191,7 +207,8 @@ enum Kind {
 
 /// The tensor-core kernels of one format.
 struct TensorKernels {
-    few: CudaFunction,
+    /// By `FEW_TILES`.
+    few: Vec<CudaFunction>,
     many: CudaFunction,
 }
 
@@ -280,12 +297,22 @@ impl Kernels {
                 tensor.push(None);
                 continue;
             }
-            let few = tc.load_function(&format!("tc_{name}_few"))?;
-            few.set_attribute(
+            let mut few = Vec::new();
+            for tiles in FEW_TILES {
+                let suffix = if tiles == 1 { String::new() } else { tiles.to_string() };
+                let f = tc.load_function(&format!("tc_{name}_few{suffix}"))?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    FEW_SHARED_MAX as i32,
+                )?;
+                few.push(f);
+            }
+            let (c, n) = many;
+            let many = tc.load_function(&format!("tc_{name}_m{c}x{n}"))?;
+            many.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                FEW_SHARED_MAX as i32,
+                many_shared(format, c) as i32,
             )?;
-            let many = tc.load_function(&format!("tc_{name}_m{}x{}", many.0, many.1))?;
             tensor.push(Some(TensorKernels { few, many }));
         }
         let ops = ctx.load_module(Ptx::from_binary(OPS_BIN.to_vec()))?;
@@ -546,7 +573,7 @@ impl CudaModel {
         let inputs = c.hidden_size.max(c.intermediate_size).max(c.q_width());
         let segments = inputs.div_ceil(SEGMENT);
         if k.tensor.iter().any(Option::is_some)
-            && few_shared(Format::Q8_0, segments, FEW_WARPS) > FEW_SHARED_MAX
+            && few_shared(Format::Q8_0, segments, FEW_WARPS, 1) > FEW_SHARED_MAX
         {
             return Err(CudaError::Unsupported(format!(
                 "rows of {inputs} inputs on tensor cores \
@@ -769,12 +796,25 @@ impl CudaModel {
             let segments = w.cols.div_ceil(SEGMENT);
             if m < MANY_FROM {
                 let warps = segments.min(FEW_WARPS);
-                let cfg = LaunchConfig {
-                    grid_dim: (w.rows.div_ceil(16) as u32, m.div_ceil(8) as u32, 1),
-                    block_dim: (32 * warps as u32, 1, 1),
-                    shared_mem_bytes: few_shared(FORMATS[w.code].0, segments, warps) as u32,
+                let format = FORMATS[w.code].0;
+                // The fewest tiles that hold every row, among those whose
+                // partial sums fit (one always does, checked at upload);
+                // else the most that fit, over several block rows.
+                let fits = |t: &usize| {
+                    few_shared(format, segments, warps, FEW_TILES[*t]) <= FEW_SHARED_MAX
                 };
-                (&tc.few, cfg, Kind::Few)
+                let t = (0..FEW_TILES.len())
+                    .filter(fits)
+                    .find(|&t| FEW_TILES[t] * 8 >= m)
+                    .or_else(|| (0..FEW_TILES.len()).filter(fits).last())
+                    .unwrap_or(0);
+                let tiles = FEW_TILES[t];
+                let cfg = LaunchConfig {
+                    grid_dim: (w.rows.div_ceil(16) as u32, m.div_ceil(8 * tiles) as u32, 1),
+                    block_dim: (32 * warps as u32, 1, 1),
+                    shared_mem_bytes: few_shared(format, segments, warps, tiles) as u32,
+                };
+                (&tc.few[t], cfg, Kind::Few(tiles))
             } else {
                 let (c, n) = self.k.many;
                 let cfg = LaunchConfig {
@@ -784,7 +824,7 @@ impl CudaModel {
                         1,
                     ),
                     block_dim: ((MANY_WARPS * 32) as u32, 1, 1),
-                    shared_mem_bytes: 0,
+                    shared_mem_bytes: many_shared(FORMATS[w.code].0, c) as u32,
                 };
                 (&tc.many, cfg, Kind::Many)
             }
@@ -835,7 +875,8 @@ impl CudaModel {
         unsafe { b.launch(cfg) }?;
         self.mark(|| {
             let kernel = match kind {
-                Kind::Few => "tensor few".to_string(),
+                Kind::Few(1) => "tensor few".to_string(),
+                Kind::Few(tiles) => format!("tensor few{tiles}"),
                 Kind::Many => format!("tensor m{}x{}", self.k.many.0, self.k.many.1),
                 Kind::Tile(t) => TILES[t].kernel("fma"),
                 Kind::Any => "fma any".to_string(),

@@ -293,7 +293,7 @@ fn gpu_logits_are_close_to_cpu_and_greedy_tokens_agree() {
 
 /// Six greedy steps after a 70-token prompt on the CPU and the GPU: logits
 /// within a tolerance of the largest, and the same tokens unless a near
-/// tie. Tensor cores round weights and inputs to f16, so quantized formats
+/// tie. Tensor cores round inputs to f16, so quantized formats
 /// there get a wider tolerance than f32 arithmetic.
 fn assert_close_to_cpu(
     model: &Model,
