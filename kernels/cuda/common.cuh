@@ -76,6 +76,15 @@ __device__ __forceinline__ void tf_ld8_a8(const uint8_t* p, uint8_t b[8]) {
     }
 }
 
+// Asynchronous 16-byte copies from global to shared memory.
+__device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) {
+    const uint32_t to = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most one group of this thread's copies is in flight.
+__device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
 // The fixed xor tree over a warp's 32 lane values: every lane gets the sum.
 __device__ __forceinline__ float tf_warp_sum(float v) {
 #pragma unroll

@@ -180,16 +180,10 @@ struct TfKeyBlock {
     float max, sum;
 };
 
-// Asks L2 for a whole key block's keys and values at once, so the loads
-// that follow (a few at a time per lane) wait on L2, not on memory.
-__device__ __forceinline__ void tf_prefetch_block(const float* kb, const float* vb, size_t stride, int valid,
-                                                  int lane, int hd) {
-    for (int j = lane; j < valid; j += 32)
-        for (int d = 0; d < hd; d += 32) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + (size_t)j * stride + d));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + (size_t)j * stride + d));
-        }
-}
+// The head dimension a lane keeps in slot t of its value sums: four
+// consecutive ones per 128, so values load as float4 (a dimension's sum
+// does not depend on which lane keeps it).
+__device__ __forceinline__ int tf_dim(int lane, int t) { return 128 * (t >> 2) + 4 * lane + (t & 3); }
 
 __device__ __forceinline__ TfKeyBlock tf_key_block(const float* qs, const float* kb, size_t stride, int valid,
                                                    int lane, int hd, float scale) {
@@ -203,14 +197,15 @@ __device__ __forceinline__ TfKeyBlock tf_key_block(const float* qs, const float*
     for (int d = 0; d < hd; d += 4) {
         const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
         const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
-        a0 = __fmaf_rn(qs[d], x0.x, a0);
-        a1 = __fmaf_rn(qs[d], x1.x, a1);
-        a0 = __fmaf_rn(qs[d + 1], x0.y, a0);
-        a1 = __fmaf_rn(qs[d + 1], x1.y, a1);
-        a0 = __fmaf_rn(qs[d + 2], x0.z, a0);
-        a1 = __fmaf_rn(qs[d + 2], x1.z, a1);
-        a0 = __fmaf_rn(qs[d + 3], x0.w, a0);
-        a1 = __fmaf_rn(qs[d + 3], x1.w, a1);
+        const float4 qd = *reinterpret_cast<const float4*>(qs + d);
+        a0 = __fmaf_rn(qd.x, x0.x, a0);
+        a1 = __fmaf_rn(qd.x, x1.x, a1);
+        a0 = __fmaf_rn(qd.y, x0.y, a0);
+        a1 = __fmaf_rn(qd.y, x1.y, a1);
+        a0 = __fmaf_rn(qd.z, x0.z, a0);
+        a1 = __fmaf_rn(qd.z, x1.z, a1);
+        a0 = __fmaf_rn(qd.w, x0.w, a0);
+        a1 = __fmaf_rn(qd.w, x1.w, a1);
     }
     const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY, ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
     TfKeyBlock b;
@@ -234,7 +229,15 @@ __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock& b, const f
         for (int k = 0; k < 8; k++) {
             const float* vr = vb + (size_t)min(j8 + k, valid - 1) * stride;
 #pragma unroll
-            for (int t = 0; t < TF_MAX_HD / 32; t++) vv[k][t] = lane + 32 * t < hd ? vr[lane + 32 * t] : 0.f;
+            for (int c = 0; c < TF_MAX_HD / 128; c++) {
+                const bool in = tf_dim(lane, 4 * c) < hd;
+                const float4 v = in ? *reinterpret_cast<const float4*>(vr + tf_dim(lane, 4 * c))
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+                vv[k][4 * c] = v.x;
+                vv[k][4 * c + 1] = v.y;
+                vv[k][4 * c + 2] = v.z;
+                vv[k][4 * c + 3] = v.w;
+            }
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) {
@@ -243,7 +246,7 @@ __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock& b, const f
             if (jj < valid) {
 #pragma unroll
                 for (int t = 0; t < TF_MAX_HD / 32; t++)
-                    if (lane + 32 * t < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+                    if (tf_dim(lane, t) < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
             }
         }
     }
@@ -277,17 +280,18 @@ __device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* orow
     const float inv = 1.0f / f.sum;
 #pragma unroll
     for (int t = 0; t < TF_MAX_HD / 32; t++)
-        if (lane + 32 * t < hd) orow[lane + 32 * t] = __fmul_rn(f.o[t], inv);
+        if (tf_dim(lane, t) < hd) orow[tf_dim(lane, t)] = __fmul_rn(f.o[t], inv);
 }
 
 // Many rows: a warp per (row, head) walks its key blocks and folds them as
 // it goes. A block takes `rows` consecutive rows and `hb` query heads of
 // one kv head (hb divides heads / kv_heads), at most 16 warps. With
 // `stage`, each 64-key block of the first row's sequence is copied to
-// shared memory once (keys, then values) for every warp whose row belongs
-// to that sequence; warps of rows from other sequences read theirs from
-// global memory. Both run the very same arithmetic, only from another
-// address. Dynamic shared memory: (64 * (hd + 4) + warps * hd) floats.
+// shared memory once (keys and values, asynchronously, each landing while
+// the other is used) for every warp whose row belongs to that sequence;
+// warps of rows from other sequences read theirs from global memory. Both
+// run the very same arithmetic, only from another address. Dynamic shared
+// memory: (2 * 64 * (hd + 4) + warps * hd) floats.
 extern "C" __global__ void __launch_bounds__(512)
     attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
@@ -300,7 +304,8 @@ extern "C" __global__ void __launch_bounds__(512)
     const int h = blockIdx.y * hb + warp % hb, kvh = h / group, kvw = kv_heads * hd;
     const int r0 = blockIdx.x * rows, r = r0 + warp / hb;
     const bool live = r < M;
-    float* qs = staged_kv + TF_KEY_BLOCK * ks + warp * hd;
+    float* staged_v = staged_kv + TF_KEY_BLOCK * ks;
+    float* qs = staged_v + TF_KEY_BLOCK * ks + warp * hd;
 
     // Key ranges: of all the block's rows, and of those staged.
     const long long sq0 = row_seq[r0];
@@ -328,35 +333,42 @@ extern "C" __global__ void __launch_bounds__(512)
     TfSoftmax f;
     tf_softmax_start(f);
     const int quads = hd / 4;
-    for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
+    // Keys (or values) of block b0 that are staged, copied into `to`
+    // asynchronously as one group of copies (empty past the staged range).
+    auto stage_block = [&](const float* from, float* to, long long b0) {
         const int held = (int)max(0LL, min((long long)TF_KEY_BLOCK, n_staged - b0));
+        for (int e = threadIdx.x; e < held * quads; e += blockDim.x) {
+            const int j = e / quads, d = 4 * (e % quads);
+            tf_cp16(to + j * ks + d, from + (size_t)(b0 + j) * kvw + d);
+        }
+        tf_cp_commit();
+    };
+    // The keys of block b + 1 land while block b's values are summed, and
+    // its values while its keys are scored.
+    stage_block(K0, staged_kv, 0);
+    stage_block(V0, staged_v, 0);
+    for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
         const bool work = live && b0 < n;
         const int valid = (int)max(0LL, min((long long)TF_KEY_BLOCK, n - b0));
         // This block's keys: staged (stride hd + 4) or in the cache.
         const float* kb = staged ? staged_kv : K + (size_t)b0 * kvw;
-        const float* vb = staged ? staged_kv : V + (size_t)b0 * kvw;
+        const float* vb = staged ? staged_v : V + (size_t)b0 * kvw;
         const size_t stride = staged ? (size_t)ks : (size_t)kvw;
-        __syncthreads();
-        for (int e = threadIdx.x; e < held * quads; e += blockDim.x) {
-            const int j = e / quads, d = 4 * (e % quads);
-            *reinterpret_cast<float4*>(staged_kv + j * ks + d) =
-                *reinterpret_cast<const float4*>(K0 + (size_t)(b0 + j) * kvw + d);
-        }
+        tf_cp_wait_all_but_one();
         __syncthreads();
         TfKeyBlock b;
         if (work) b = tf_key_block(qs, kb, stride, valid, lane, hd, scale);
         __syncthreads();
-        for (int e = threadIdx.x; e < held * quads; e += blockDim.x) {
-            const int j = e / quads, d = 4 * (e % quads);
-            *reinterpret_cast<float4*>(staged_kv + j * ks + d) =
-                *reinterpret_cast<const float4*>(V0 + (size_t)(b0 + j) * kvw + d);
-        }
+        stage_block(K0, staged_kv, b0 + TF_KEY_BLOCK);
+        tf_cp_wait_all_but_one();
         __syncthreads();
         if (work) {
             float o[TF_MAX_HD / 32];
             tf_key_block_values(b, vb, stride, valid, lane, hd, o);
             tf_fold(f, b.max, b.sum, o);
         }
+        __syncthreads();
+        stage_block(V0, staged_v, b0 + TF_KEY_BLOCK);
     }
     if (live) tf_softmax_store(f, out + (size_t)r * heads * hd + (size_t)h * hd, lane, hd);
 }
@@ -390,14 +402,13 @@ extern "C" __global__ void __launch_bounds__(512)
         if (g0 + warp < blocks) {
             const long long b0 = (g0 + warp) * TF_KEY_BLOCK;
             const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
-            tf_prefetch_block(K + (size_t)b0 * kvw, V + (size_t)b0 * kvw, kvw, valid, lane, hd);
             const TfKeyBlock b = tf_key_block(qs, K + (size_t)b0 * kvw, kvw, valid, lane, hd, scale);
             float o[TF_MAX_HD / 32];
             tf_key_block_values(b, V + (size_t)b0 * kvw, kvw, valid, lane, hd, o);
             float* part = parts + warp * (hd + 2);
 #pragma unroll
             for (int t = 0; t < TF_MAX_HD / 32; t++)
-                if (lane + 32 * t < hd) part[lane + 32 * t] = o[t];
+                if (tf_dim(lane, t) < hd) part[tf_dim(lane, t)] = o[t];
             if (lane == 0) {
                 part[hd] = b.max;
                 part[hd + 1] = b.sum;
@@ -409,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(512)
                 const float* part = parts + w * (hd + 2);
                 float o[TF_MAX_HD / 32];
 #pragma unroll
-                for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = lane + 32 * t < hd ? part[lane + 32 * t] : 0.f;
+                for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = tf_dim(lane, t) < hd ? part[tf_dim(lane, t)] : 0.f;
                 tf_fold(f, part[hd], part[hd + 1], o);
             }
         }

@@ -240,15 +240,6 @@ __host__ __device__ constexpr int tf_seg_words() {
     return (int)((tf_row_bytes(FMT, 32 * TF_SEG) + 15) / 16) + 1;
 }
 
-// Asynchronous 16-byte copies from global to shared memory.
-__device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) {
-    const uint32_t to = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most one group of this thread's copies is in flight.
-__device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-
 // A warp's copies of segments of `R` consecutive weight rows (from j0,
 // clamped at the last) into shared memory, tf_seg_words 16-byte words a
 // row, two buffers: while the units of one are decoded, the next segment

@@ -159,10 +159,10 @@ const KEY_PAD: usize = 4;
 /// Rows from which attention stages key blocks in shared memory.
 const STAGE_KEYS_FROM: usize = 16;
 
-/// Dynamic shared memory of an attention block: one staged key block and
-/// every warp's query.
+/// Dynamic shared memory of an attention block: one staged block of keys
+/// and one of values, and every warp's query.
 fn attention_shared(head_dim: usize, warps: usize) -> usize {
-    4 * (KEY_BLOCK * (head_dim + KEY_PAD) + warps * head_dim)
+    4 * (2 * KEY_BLOCK * (head_dim + KEY_PAD) + warps * head_dim)
 }
 
 /// Warps of an `attention_split` block, each taking one key block of a
