@@ -85,6 +85,20 @@ __device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_g
 // Waits until at most one group of this thread's copies is in flight.
 __device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 
+// Matmul inputs as the tensor-core kernels take them: rounded to f16
+// (to nearest), each 32-input unit's elements in mma slot order, so that
+// thread t of a quad loads its B fragments of both halves of unit u in one
+// 16-byte word: 32-bit words 16u + 4t + 2h hold elements 32u + 16h + 4t +
+// (0, 2), and 16u + 4t + 2h + 1 elements (1, 3). Rows are K / 2 words;
+// only widths that are a multiple of 32 have them. `q` is the index of
+// the four consecutive inputs 4q..4q + 3 of the row.
+__device__ __forceinline__ void tf_store_h16(uint32_t* row16, int q, float4 v) {
+    const int u = q >> 3, h = (q >> 2) & 1, t = q & 3;
+    const __half2 a = __floats2half2_rn(v.x, v.z), b = __floats2half2_rn(v.y, v.w);
+    *reinterpret_cast<uint2*>(row16 + 16 * u + 4 * t + 2 * h) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
 // The fixed xor tree over a warp's 32 lane values: every lane gets the sum.
 __device__ __forceinline__ float tf_warp_sum(float v) {
 #pragma unroll

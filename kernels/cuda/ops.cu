@@ -62,14 +62,15 @@ extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tok
     }
 }
 
-// out[r] = rmsnorm(x[src]) * w, src = idx ? idx[r] : r. One block per row;
+// out[r] = rmsnorm(x[src]) * w, src = idx ? idx[r] : r, and the same in
+// f16 to `out16` (tf_store_h16) unless it is null. One block per row;
 // each thread sums squares over a fixed stride, then a fixed tree. Loads
 // are taken TF_NORM_BATCH strides at a time so they are in flight together
 // (the order of the sums does not change with the batch).
 #define TF_NORM_BATCH 8
 extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
     rmsnorm(const float* __restrict__ x, const long long* __restrict__ idx, const float* __restrict__ w,
-            float* __restrict__ out, int H, float eps) {
+            float* __restrict__ out, uint32_t* __restrict__ out16, int H, float eps) {
     __shared__ float sh[TF_NORM_THREADS];
     const int r = blockIdx.x;
     const float* xr = x + (size_t)(idx ? idx[r] : r) * H;
@@ -102,6 +103,11 @@ extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
             const int i = i0 + b * TF_NORM_THREADS;
             if (i < H) o[i] = __fmul_rn(__fmul_rn(v[b], scale), g[b]);
         }
+    }
+    if (out16) {
+        __syncthreads();  // the row is written before it is read back in fours
+        for (int q = threadIdx.x; q < H / 4; q += blockDim.x)
+            tf_store_h16(out16 + (size_t)r * (H / 2), q, reinterpret_cast<const float4*>(o)[q]);
     }
 }
 
@@ -276,11 +282,23 @@ __device__ __forceinline__ void tf_fold(TfSoftmax& f, float max, float sum, cons
     f.max = mn;
 }
 
-__device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* orow, int lane, int hd) {
+// Row r, head h of the output, and in f16 to `out16` unless it is null.
+__device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* out, uint32_t* out16, int r, int h,
+                                                 int heads, int lane, int hd) {
     const float inv = 1.0f / f.sum;
+    float v[TF_MAX_HD / 32];
 #pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++)
-        if (tf_dim(lane, t) < hd) orow[tf_dim(lane, t)] = __fmul_rn(f.o[t], inv);
+    for (int t = 0; t < TF_MAX_HD / 32; t++) {
+        v[t] = __fmul_rn(f.o[t], inv);
+        if (tf_dim(lane, t) < hd) out[(size_t)r * heads * hd + (size_t)h * hd + tf_dim(lane, t)] = v[t];
+    }
+    if (out16) {
+#pragma unroll
+        for (int c = 0; c < TF_MAX_HD / 128; c++)
+            if (tf_dim(lane, 4 * c) < hd)
+                tf_store_h16(out16 + (size_t)r * (heads * hd / 2), (h * hd + tf_dim(lane, 4 * c)) / 4,
+                             make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]));
+    }
 }
 
 // Many rows: a warp per (row, head) walks its key blocks and folds them as
@@ -295,8 +313,8 @@ __device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* orow
 extern "C" __global__ void __launch_bounds__(512)
     attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
-              const unsigned long long* v_base, const long long* cap, int layer, float* out, int M,
-              int rows, int hb, int stage) {
+              const unsigned long long* v_base, const long long* cap, int layer, float* out, uint32_t* out16,
+              int M, int rows, int hb, int stage) {
     extern __shared__ float4 shared4[];
     float* staged_kv = reinterpret_cast<float*>(shared4);
     const int ks = hd + TF_KEY_PAD;
@@ -370,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(512)
         __syncthreads();
         stage_block(V0, staged_v, b0 + TF_KEY_BLOCK);
     }
-    if (live) tf_softmax_store(f, out + (size_t)r * heads * hd + (size_t)h * hd, lane, hd);
+    if (live) tf_softmax_store(f, out, out16, r, h, heads, lane, hd);
 }
 
 // Few rows: a block per (row, head), its warps take key blocks w, w + W,
@@ -381,7 +399,8 @@ extern "C" __global__ void __launch_bounds__(512)
 extern "C" __global__ void __launch_bounds__(512)
     attention_split(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,
                     const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,
-                    const unsigned long long* v_base, const long long* cap, int layer, float* out) {
+                    const unsigned long long* v_base, const long long* cap, int layer, float* out,
+                    uint32_t* out16) {
     extern __shared__ float4 shared4[];
     float* qs = reinterpret_cast<float*>(shared4);
     float* parts = qs + hd;
@@ -426,14 +445,26 @@ extern "C" __global__ void __launch_bounds__(512)
         }
         __syncthreads();
     }
-    if (warp == 0) tf_softmax_store(f, out + (size_t)r * heads * hd + (size_t)h * hd, lane, hd);
+    if (warp == 0) tf_softmax_store(f, out, out16, r, h, heads, lane, hd);
 }
 
 // act[r, e] = silu(gu[r, e]) * gu[r, ff + e], where gu holds gate | up.
-extern "C" __global__ void silu_mul(const float* gu, float* act, int M, int ff) {
+// And the same in f16 to `act16` (tf_store_h16) unless it is null, which
+// needs ff a multiple of 32 (so a row's fours sit in four lanes of a warp).
+extern "C" __global__ void silu_mul(const float* gu, float* act, uint32_t* act16, int M, int ff) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)M * ff) return;
+    const bool in = i < (size_t)M * ff;
     const size_t r = i / ff, e = i % ff;
-    const float g = gu[r * 2 * ff + e], u = gu[r * 2 * ff + ff + e];
-    act[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    float a = 0.f;
+    if (in) {
+        const float g = gu[r * 2 * ff + e], u = gu[r * 2 * ff + ff + e];
+        a = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+        act[i] = a;
+    }
+    if (act16) {
+        const int base = threadIdx.x & 28;
+        const float4 v = make_float4(__shfl_sync(0xffffffffu, a, base), __shfl_sync(0xffffffffu, a, base + 1),
+                                     __shfl_sync(0xffffffffu, a, base + 2), __shfl_sync(0xffffffffu, a, base + 3));
+        if (in && (threadIdx.x & 3) == 0) tf_store_h16(act16 + r * (ff / 2), (int)(e / 4), v);
+    }
 }

@@ -3,7 +3,8 @@
 //
 // A weight unit (32 inputs) is a scale times small integers, plus an
 // offset for Q4_1 and Q4_K: w = a q + m. The integers are exact in f16, so
-// mma.m16n8k16 takes them as they are, with x rounded to f16, and no
+// mma.m16n8k16 takes them as they are, with x rounded to f16 (by its
+// producer, laid out as tf_store_h16 in common.cuh writes it), and no
 // weight is rounded; decoding is a few integer operations per input.
 // - Q4_K: a unit's 6-bit scale times its 4-bit integers is still exact in
 //   f16, so a super-block (one segment, below) is two mma chains over its
@@ -26,11 +27,6 @@
 #define TF_SEG 8
 static_assert(TF_SEG * 32 == 256, "a Q4_K segment is one super-block");
 #define TF_MANY_WARPS 4
-
-__device__ __forceinline__ uint32_t tf_pack_h2(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // d += A * B for one 16 x 8 tile (A: 16 weight rows x 16 inputs, B: 16
 // inputs x 8 input rows).
@@ -150,14 +146,14 @@ __device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* row, int u, int t) {
     return w;
 }
 
-// The B fragments of unit u for one input row, both halves, in slot order.
-__device__ __forceinline__ void tf_b_frags(const float* xr, int u, int t, uint32_t b[2][2]) {
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const float4 v = *reinterpret_cast<const float4*>(xr + 32 * u + 16 * h + 4 * t);
-        b[h][0] = tf_pack_h2(v.x, v.z);
-        b[h][1] = tf_pack_h2(v.y, v.w);
-    }
+// The B fragments of unit u for one input row (f16, laid out as
+// tf_store_h16 writes them), both halves, in slot order.
+__device__ __forceinline__ void tf_b_frags(const uint4* xr, int u, int t, uint32_t b[2][2]) {
+    const uint4 v = xr[4 * u + t];
+    b[0][0] = v.x;
+    b[0][1] = v.y;
+    b[1][0] = v.z;
+    b[1][1] = v.w;
 }
 
 // (1 . x) of a unit for an 8-row input tile: d[0], d[1] (= d[2], d[3]) for
@@ -285,7 +281,7 @@ struct TfSegCopy {
 // segment, then 2 * 256 * tf_seg_words bytes per warp (weight buffers are
 // padded so the last word read stays inside them).
 template <int FMT, int TN>
-__device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const float* __restrict__ x,
+__device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const uint4* __restrict__ x,
                                            float* __restrict__ y, int M, int N, int K, int ldy,
                                            int accumulate) {
     extern __shared__ float4 part[];
@@ -296,9 +292,9 @@ __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const 
     const TfSegCopy<FMT, 16> copy{W, tf_row_bytes(FMT, K), (int)blockIdx.x * 16, N, units,
                                   reinterpret_cast<uint4*>(part + segs * TN * 32) +
                                       warp * 2 * 16 * TfSegCopy<FMT, 16>::QW};
-    const float* xr[TN];
+    const uint4* xr[TN];
 #pragma unroll
-    for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * K;
+    for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * (K / 8);
     copy.fetch(warp, 0, lane);
     for (int s = warp, k = 0; s < segs; s += warps, k ^= 1) {
         copy.fetch(s + warps, k ^ 1, lane);
@@ -355,7 +351,7 @@ __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const 
 // side by side over weight rows, sharing their input rows through L1.
 // Dynamic shared memory: 2 * 256 * TC * tf_seg_words bytes per warp.
 template <int FMT, int TC, int TN>
-__device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const float* __restrict__ x,
+__device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const uint4* __restrict__ x,
                                             float* __restrict__ y, int M, int N, int K, int ldy,
                                             int accumulate) {
     extern __shared__ float4 staged[];
@@ -367,9 +363,9 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
     const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
     const TfSegCopy<FMT, R> copy{W, tf_row_bytes(FMT, K), j0, N, units,
                                  reinterpret_cast<uint4*>(staged) + warp * 2 * R * TfSegCopy<FMT, R>::QW};
-    const float* xr[TN];
+    const uint4* xr[TN];
 #pragma unroll
-    for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * K;
+    for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * (K / 8);
     float total[TC][TN][4] = {};
     copy.fetch(0, 0, lane);
     for (int s = 0, k = 0; s < segs; s++, k ^= 1) {
@@ -426,14 +422,14 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
 
 #define TF_TC_FEW(NAME, FMT, TN, SUFFIX)                                                       \
     extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME##_few##SUFFIX(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
+        NAME##_few##SUFFIX(const uint8_t* W, const uint4* x, float* y, int M, int N, int K,     \
                            int ldy, int accumulate) {                                          \
         tf_mma_few<FMT, TN>(W, x, y, M, N, K, ldy, accumulate);                                \
     }
 
 #define TF_TC_MANY(NAME, FMT, TC, TN)                                                          \
     extern "C" __global__ void __launch_bounds__(TF_MANY_WARPS * 32)                           \
-        NAME##_m##TC##x##TN(const uint8_t* W, const float* x, float* y, int M, int N, int K,    \
+        NAME##_m##TC##x##TN(const uint8_t* W, const uint4* x, float* y, int M, int N, int K,    \
                             int ldy, int accumulate) {                                         \
         tf_mma_many<FMT, TC, TN>(W, x, y, M, N, K, ldy, accumulate);                           \
     }

@@ -299,7 +299,11 @@ impl Kernels {
             }
             let mut few = Vec::new();
             for tiles in FEW_TILES {
-                let suffix = if tiles == 1 { String::new() } else { tiles.to_string() };
+                let suffix = if tiles == 1 {
+                    String::new()
+                } else {
+                    tiles.to_string()
+                };
                 let f = tc.load_function(&format!("tc_{name}_few{suffix}"))?;
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -408,6 +412,12 @@ struct Bufs {
     picked: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     meta: CudaSlice<u64>,
+    /// The tensor-core kernels' f16 copies of the matmul inputs
+    /// (`tf_store_h16`), for widths that are a multiple of 32.
+    xn16: Option<CudaSlice<u32>>,
+    attn16: Option<CudaSlice<u32>>,
+    act16: Option<CudaSlice<u32>>,
+    picked16: Option<CudaSlice<u32>>,
 }
 
 /// Device addresses and sizes of one forward: everything its launches take.
@@ -433,6 +443,12 @@ struct Plan {
     act: u64,
     picked: u64,
     logits: u64,
+    /// f16 copies of matmul inputs (0: none, the width is not a multiple
+    /// of 32).
+    xn16: u64,
+    attn16: u64,
+    act16: u64,
+    picked16: u64,
 }
 
 /// Forwards of at most this many rows run as captured graphs.
@@ -533,7 +549,7 @@ fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
     s.device_ptr(stream).0
 }
 
-fn opt_ptr(s: &Option<CudaSlice<f32>>, stream: &CudaStream) -> u64 {
+fn opt_ptr<T>(s: &Option<CudaSlice<T>>, stream: &CudaStream) -> u64 {
     s.as_ref().map_or(0, |s| ptr(s, stream))
 }
 
@@ -783,10 +799,15 @@ impl CudaModel {
         Ok(self.forward_batch(&mut seqs)?.pop().unwrap_or_default())
     }
 
+    /// `x` is the input in f32 and `x16` the same as the tensor-core
+    /// kernels take it (`tf_store_h16`; 0 where the width is not a multiple
+    /// of 32, which those kernels never multiply).
+    #[allow(clippy::too_many_arguments)]
     fn matmul(
         &self,
         w: &DevMatrix,
         x: u64,
+        x16: u64,
         y: u64,
         m: usize,
         ldy: usize,
@@ -806,7 +827,7 @@ impl CudaModel {
                 let t = (0..FEW_TILES.len())
                     .filter(fits)
                     .find(|&t| FEW_TILES[t] * 8 >= m)
-                    .or_else(|| (0..FEW_TILES.len()).filter(fits).last())
+                    .or_else(|| (0..FEW_TILES.len()).rev().find(fits))
                     .unwrap_or(0);
                 let tiles = FEW_TILES[t];
                 let cfg = LaunchConfig {
@@ -858,9 +879,16 @@ impl CudaModel {
             ldy as i32,
             accumulate as i32,
         );
+        let input = match kind {
+            Kind::Few(_) | Kind::Many => {
+                debug_assert!(x16 != 0, "tensor-core input without its f16 copy");
+                x16
+            }
+            Kind::Tile(_) | Kind::Any => x,
+        };
         let mut b = self.stream.launch_builder(f);
         b.arg(&wp)
-            .arg(&x)
+            .arg(&input)
             .arg(&y)
             .arg(&mi)
             .arg(&n)
@@ -870,8 +898,9 @@ impl CudaModel {
         // SAFETY: the arguments match `mm_*` in matmul.cu and `tc_*` in
         // tensor.cu (the few-row kernel's shared memory holds every
         // segment's partial sums, checked at upload); `w` holds
-        // `rows` rows of `cols` inputs, `x` holds `m * cols` floats and `y`
-        // at least `m * ldy` with `ldy >= rows`, all on this stream.
+        // `rows` rows of `cols` inputs, `x` holds `m * cols` floats (`x16`,
+        // for the tensor cores, `m * cols / 2` words) and `y` at least
+        // `m * ldy` with `ldy >= rows`, all on this stream.
         unsafe { b.launch(cfg) }?;
         self.mark(|| {
             let kernel = match kind {
@@ -886,24 +915,41 @@ impl CudaModel {
         })
     }
 
-    fn linear(&self, l: &Linear, x: u64, y: u64, m: usize) -> Result<()> {
+    fn linear(&self, l: &Linear, x: u64, x16: u64, y: u64, m: usize) -> Result<()> {
         for (w, off) in &l.parts {
-            self.matmul(w, x, y + (*off * 4) as u64, m, l.width, false)?;
+            self.matmul(w, x, x16, y + (*off * 4) as u64, m, l.width, false)?;
         }
         Ok(())
     }
 
-    fn rmsnorm(&self, x: u64, idx: u64, w: u64, out: u64, rows: usize, h: usize) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm(
+        &self,
+        x: u64,
+        idx: u64,
+        w: u64,
+        out: u64,
+        out16: u64,
+        rows: usize,
+        h: usize,
+    ) -> Result<()> {
         let (hi, eps) = (h as i32, self.config.rms_eps);
         let mut b = self.stream.launch_builder(&self.k.rmsnorm);
-        b.arg(&x).arg(&idx).arg(&w).arg(&out).arg(&hi).arg(&eps);
+        b.arg(&x)
+            .arg(&idx)
+            .arg(&w)
+            .arg(&out)
+            .arg(&out16)
+            .arg(&hi)
+            .arg(&eps);
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches `rmsnorm` in ops.cu; `x` has `h` floats per row
-        // (and every `idx` entry is a row of it), `out` has `rows * h`.
+        // (and every `idx` entry is a row of it), `out` has `rows * h`,
+        // `out16` (unless 0) `rows * h / 2` words with `h` a multiple of 32.
         unsafe { b.launch(cfg) }?;
         self.mark(|| "rmsnorm".into())
     }
@@ -921,6 +967,12 @@ impl CudaModel {
             c.intermediate_size,
         );
         let st = &self.stream;
+        let half_words = |rows: usize, width: usize| -> Result<Option<CudaSlice<u32>>> {
+            Ok(match width.is_multiple_of(32) {
+                true => Some(st.alloc_zeros(rows * width / 2)?),
+                false => None,
+            })
+        };
         s.graphs.clear();
         s.bufs = None;
         s.bufs = Some(Bufs {
@@ -934,6 +986,10 @@ impl CudaModel {
             picked: st.alloc_zeros(pick * h)?,
             logits: st.alloc_zeros(pick * c.vocab_size)?,
             meta: st.alloc_zeros(meta)?,
+            xn16: half_words(rows, h)?,
+            attn16: half_words(rows, qw)?,
+            act16: half_words(rows, ff)?,
+            picked16: half_words(pick, h)?,
         });
         (s.rows, s.picked, s.meta) = (rows, pick, meta);
         Ok(())
@@ -1025,6 +1081,7 @@ impl CudaModel {
         let (h, ff, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let m = p.m;
         let (x, xn, qkv, q, attn, gu, act) = (p.x, p.xn, p.qkv, p.q, p.attn, p.gu, p.act);
+        let (xn16, attn16, act16) = (p.xn16, p.attn16, p.act16);
         let (cos, sin) = (p.cos, p.sin);
         let (tokens_p, pos_p, seq_p) = (p.tokens, p.pos, p.seq);
         let (kb_p, vb_p, cap_p) = (p.k_base, p.v_base, p.cap);
@@ -1050,8 +1107,8 @@ impl CudaModel {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         for (l, b) in self.blocks.iter().enumerate() {
             let layer = l as i32;
-            self.rmsnorm(x, 0, ptr(&b.attn_norm, st), xn, m, h)?;
-            self.linear(&b.qkv, xn, qkv, m)?;
+            self.rmsnorm(x, 0, ptr(&b.attn_norm, st), xn, xn16, m, h)?;
+            self.linear(&b.qkv, xn, xn16, qkv, m)?;
             {
                 let (qb, kb, vb) = (
                     opt_ptr(&b.q_bias, st),
@@ -1116,7 +1173,8 @@ impl CudaModel {
                     .arg(&vb_p)
                     .arg(&cap_p)
                     .arg(&layer)
-                    .arg(&attn);
+                    .arg(&attn)
+                    .arg(&attn16);
                 let cfg = if split {
                     LaunchConfig {
                         grid_dim: (m as u32, c.heads as u32, 1),
@@ -1140,29 +1198,38 @@ impl CudaModel {
                 unsafe { lb.launch(cfg) }?;
                 self.mark(|| name.into())?;
             }
-            self.matmul(&b.o, attn, x, m, h, true)?;
-            self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, m, h)?;
-            self.linear(&b.gate_up, xn, gu, m)?;
+            self.matmul(&b.o, attn, attn16, x, m, h, true)?;
+            self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, xn16, m, h)?;
+            self.linear(&b.gate_up, xn, xn16, gu, m)?;
             {
                 let (mi, fi) = (m as i32, ff as i32);
                 let mut lb = st.launch_builder(&self.k.silu_mul);
-                lb.arg(&gu).arg(&act).arg(&mi).arg(&fi);
+                lb.arg(&gu).arg(&act).arg(&act16).arg(&mi).arg(&fi);
                 let cfg = LaunchConfig {
                     grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`.
+                // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`,
+                // `act16` (unless 0) `m * ff / 2` words with `ff` a multiple of 32.
                 unsafe { lb.launch(cfg) }?;
                 self.mark(|| "silu_mul".into())?;
             }
-            self.matmul(&b.down, act, x, m, h, true)?;
+            self.matmul(&b.down, act, act16, x, m, h, true)?;
         }
 
         if p.picks > 0 {
-            self.rmsnorm(x, p.pick, ptr(&self.norm, st), p.picked, p.picks, h)?;
+            self.rmsnorm(
+                x,
+                p.pick,
+                ptr(&self.norm, st),
+                p.picked,
+                p.picked16,
+                p.picks,
+                h,
+            )?;
             let head = self.head.as_ref().unwrap_or(&self.embed);
-            self.matmul(head, p.picked, p.logits, p.picks, vocab, false)?;
+            self.matmul(head, p.picked, p.picked16, p.logits, p.picks, vocab, false)?;
         }
         Ok(())
     }
@@ -1257,6 +1324,10 @@ impl CudaModel {
             act: ptr(&bufs.act, st),
             picked: ptr(&bufs.picked, st),
             logits: ptr(&bufs.logits, st),
+            xn16: opt_ptr(&bufs.xn16, st),
+            attn16: opt_ptr(&bufs.attn16, st),
+            act16: opt_ptr(&bufs.act16, st),
+            picked16: opt_ptr(&bufs.picked16, st),
         };
         self.run(&mut sc.graphs, &plan)?;
 
