@@ -191,49 +191,70 @@ struct TfKeyBlock {
 // does not depend on which lane keeps it).
 __device__ __forceinline__ int tf_dim(int lane, int t) { return 128 * (t >> 2) + 4 * lane + (t & 3); }
 
-__device__ __forceinline__ TfKeyBlock tf_key_block(const float* qs, const float* kb, size_t stride, int valid,
-                                                   int lane, int hd, float scale) {
-    // Both keys of this lane in one pass: two independent chains, the
-    // same sequential order over dimensions as one at a time.
-    const bool ok[2] = {lane < valid, 32 + lane < valid};
-    const float* k0 = kb + (ok[0] ? lane : 0) * stride;
-    const float* k1 = kb + (ok[1] ? 32 + lane : 0) * stride;
-    float a0 = 0.f, a1 = 0.f;
-#pragma unroll 8
+// One key block scored for R query rows of one sequence (queries hd
+// apart at `qs`, `valid[r]` keys for row r): each lane takes keys lane and
+// 32 + lane, each row's score of a key one sequential chain over the
+// dimensions. The rows share every key load; a row's arithmetic is the
+// same for any R.
+template <int R>
+__device__ __forceinline__ void tf_key_blocks(const float* qs, const float* kb, size_t stride, const int valid[R],
+                                              int lane, int hd, float scale, TfKeyBlock b[R]) {
+    int most = 0;
+#pragma unroll
+    for (int r = 0; r < R; r++) most = max(most, valid[r]);
+    const float* k0 = kb + (lane < most ? lane : 0) * stride;
+    const float* k1 = kb + (32 + lane < most ? 32 + lane : 0) * stride;
+    float a[R][2] = {};
+#pragma unroll(R == 1 ? 8 : 2)
     for (int d = 0; d < hd; d += 4) {
         const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
         const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
-        const float4 qd = *reinterpret_cast<const float4*>(qs + d);
-        a0 = __fmaf_rn(qd.x, x0.x, a0);
-        a1 = __fmaf_rn(qd.x, x1.x, a1);
-        a0 = __fmaf_rn(qd.y, x0.y, a0);
-        a1 = __fmaf_rn(qd.y, x1.y, a1);
-        a0 = __fmaf_rn(qd.z, x0.z, a0);
-        a1 = __fmaf_rn(qd.z, x1.z, a1);
-        a0 = __fmaf_rn(qd.w, x0.w, a0);
-        a1 = __fmaf_rn(qd.w, x1.w, a1);
-    }
-    const float s[2] = {ok[0] ? __fmul_rn(a0, scale) : -INFINITY, ok[1] ? __fmul_rn(a1, scale) : -INFINITY};
-    TfKeyBlock b;
-    b.max = tf_warp_max(fmaxf(s[0], s[1]));
 #pragma unroll
-    for (int half = 0; half < 2; half++) b.p[half] = ok[half] ? expf(__fsub_rn(s[half], b.max)) : 0.f;
-    b.sum = tf_warp_sum(__fadd_rn(b.p[0], b.p[1]));
-    return b;
+        for (int r = 0; r < R; r++) {
+            const float4 qd = *reinterpret_cast<const float4*>(qs + r * hd + d);
+            a[r][0] = __fmaf_rn(qd.x, x0.x, a[r][0]);
+            a[r][1] = __fmaf_rn(qd.x, x1.x, a[r][1]);
+            a[r][0] = __fmaf_rn(qd.y, x0.y, a[r][0]);
+            a[r][1] = __fmaf_rn(qd.y, x1.y, a[r][1]);
+            a[r][0] = __fmaf_rn(qd.z, x0.z, a[r][0]);
+            a[r][1] = __fmaf_rn(qd.z, x1.z, a[r][1]);
+            a[r][0] = __fmaf_rn(qd.w, x0.w, a[r][0]);
+            a[r][1] = __fmaf_rn(qd.w, x1.w, a[r][1]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const bool ok[2] = {lane < valid[r], 32 + lane < valid[r]};
+        const float s[2] = {ok[0] ? __fmul_rn(a[r][0], scale) : -INFINITY,
+                            ok[1] ? __fmul_rn(a[r][1], scale) : -INFINITY};
+        b[r].max = tf_warp_max(fmaxf(s[0], s[1]));
+#pragma unroll
+        for (int half = 0; half < 2; half++) b[r].p[half] = ok[half] ? expf(__fsub_rn(s[half], b[r].max)) : 0.f;
+        b[r].sum = tf_warp_sum(__fadd_rn(b[r].p[0], b[r].p[1]));
+    }
 }
 
-// The block's value sum for dimensions lane + 32t, keys in position order
-// from zero; loads of 8 keys are issued before their multiply-adds so they
-// overlap.
-__device__ __forceinline__ void tf_key_block_values(const TfKeyBlock& b, const float* vb, size_t stride,
-                                                    int valid, int lane, int hd, float o[TF_MAX_HD / 32]) {
+// Each row's value sum of the block for the dimensions tf_dim gives this
+// lane, keys in position order from zero; the rows share every value
+// load, and loads of 8 / R keys are issued before their multiply-adds so
+// they overlap.
+template <int R>
+__device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const float* vb, size_t stride,
+                                                    const int valid[R], int lane, int hd,
+                                                    float o[R][TF_MAX_HD / 32]) {
+    constexpr int KEYS = R == 1 ? 8 : 2;
+    int most = 0;
 #pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = 0.f;
-    for (int j8 = 0; j8 < valid; j8 += 8) {
-        float vv[8][TF_MAX_HD / 32];
+    for (int r = 0; r < R; r++) {
+        most = max(most, valid[r]);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const float* vr = vb + (size_t)min(j8 + k, valid - 1) * stride;
+        for (int t = 0; t < TF_MAX_HD / 32; t++) o[r][t] = 0.f;
+    }
+    for (int j0 = 0; j0 < most; j0 += KEYS) {
+        float vv[KEYS][TF_MAX_HD / 32];
+#pragma unroll
+        for (int k = 0; k < KEYS; k++) {
+            const float* vr = vb + (size_t)min(j0 + k, most - 1) * stride;
 #pragma unroll
             for (int c = 0; c < TF_MAX_HD / 128; c++) {
                 const bool in = tf_dim(lane, 4 * c) < hd;
@@ -246,13 +267,16 @@ __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock& b, const f
             }
         }
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int jj = j8 + k;
-            const float pj = __shfl_sync(0xffffffffu, jj < 32 ? b.p[0] : b.p[1], jj & 31);
-            if (jj < valid) {
+        for (int k = 0; k < KEYS; k++) {
+            const int jj = j0 + k;
 #pragma unroll
-                for (int t = 0; t < TF_MAX_HD / 32; t++)
-                    if (tf_dim(lane, t) < hd) o[t] = __fmaf_rn(pj, vv[k][t], o[t]);
+            for (int r = 0; r < R; r++) {
+                const float pj = __shfl_sync(0xffffffffu, jj < 32 ? b[r].p[0] : b[r].p[1], jj & 31);
+                if (jj < valid[r]) {
+#pragma unroll
+                    for (int t = 0; t < TF_MAX_HD / 32; t++)
+                        if (tf_dim(lane, t) < hd) o[r][t] = __fmaf_rn(pj, vv[k][t], o[r][t]);
+                }
             }
         }
     }
@@ -301,29 +325,33 @@ __device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* out,
     }
 }
 
-// Many rows: a warp per (row, head) walks its key blocks and folds them as
-// it goes. A block takes `rows` consecutive rows and `hb` query heads of
-// one kv head (hb divides heads / kv_heads), at most 16 warps. With
-// `stage`, each 64-key block of the first row's sequence is copied to
-// shared memory once (keys and values, asynchronously, each landing while
-// the other is used) for every warp whose row belongs to that sequence;
-// warps of rows from other sequences read theirs from global memory. Both
-// run the very same arithmetic, only from another address. Dynamic shared
-// memory: (2 * 64 * (hd + 4) + warps * hd) floats.
+// Many rows: a warp per (TF_ATT_ROWS consecutive rows, head) walks its key
+// blocks and folds them as it goes, one fold per row. A block takes `rows`
+// consecutive rows and `hb` query heads of one kv head (hb divides
+// heads / kv_heads), at most 16 warps. A warp's rows of one sequence share
+// every key and value load; rows of two sequences take theirs one after
+// the other. With `stage`, each 64-key block of the first row's sequence
+// is copied to shared memory once (keys and values, asynchronously, each
+// landing while the other is used) for every warp whose rows belong to
+// that sequence; rows of other sequences read theirs from global memory.
+// All run the very same arithmetic per row, only from another address.
+// Dynamic shared memory: (2 * 64 * (hd + 4) + TF_ATT_ROWS * warps * hd)
+// floats.
+#define TF_ATT_ROWS 2
 extern "C" __global__ void __launch_bounds__(512)
     attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
               const long long* row_seq, const unsigned long long* k_base,
               const unsigned long long* v_base, const long long* cap, int layer, float* out, uint32_t* out16,
               int M, int rows, int hb, int stage) {
+    constexpr int R = TF_ATT_ROWS;
     extern __shared__ float4 shared4[];
     float* staged_kv = reinterpret_cast<float*>(shared4);
     const int ks = hd + TF_KEY_PAD;
     const int group = heads / kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y * hb + warp % hb, kvh = h / group, kvw = kv_heads * hd;
-    const int r0 = blockIdx.x * rows, r = r0 + warp / hb;
-    const bool live = r < M;
+    const int r0 = blockIdx.x * rows, first = R * (warp / hb);
     float* staged_v = staged_kv + TF_KEY_BLOCK * ks;
-    float* qs = staged_v + TF_KEY_BLOCK * ks + warp * hd;
+    float* qs = staged_v + TF_KEY_BLOCK * ks + warp * R * hd;
 
     // Key ranges: of all the block's rows, and of those staged.
     const long long sq0 = row_seq[r0];
@@ -333,23 +361,37 @@ extern "C" __global__ void __launch_bounds__(512)
         n_all = max(n_all, ni);
         if (stage && row_seq[r0 + i] == sq0) n_staged = max(n_staged, ni);
     }
-    const long long sq = live ? row_seq[r] : sq0;
-    const long long n = live ? row_pos[r] + 1 : 0;
-    const bool staged = stage && sq == sq0;
-    const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)kvh * hd;
-    const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
-    const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+    // This warp's rows: their sequence, keys, cache and query.
+    bool live[R], staged[R];
+    long long seq[R], n[R];
+    const float *K[R], *V[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int r = r0 + first + i;
+        live[i] = first + i < rows && r < M;
+        seq[i] = live[i] ? row_seq[r] : sq0;
+        n[i] = live[i] ? row_pos[r] + 1 : 0;
+        staged[i] = stage && seq[i] == sq0;
+        const size_t off = (size_t)layer * cap[seq[i]] * kvw + (size_t)kvh * hd;
+        K[i] = reinterpret_cast<const float*>(k_base[seq[i]]) + off;
+        V[i] = reinterpret_cast<const float*>(v_base[seq[i]]) + off;
+        if (live[i]) {
+            const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
+            for (int d = lane; d < hd; d += 32) qs[i * hd + d] = qr[d];
+        }
+    }
+    // Rows past the end take no keys, so they share with any sequence.
+    bool together = true;
+#pragma unroll
+    for (int i = 1; i < R; i++) together = together && (!live[i] || seq[i] == seq[0]);
     const size_t off0 = (size_t)layer * cap[sq0] * kvw + (size_t)kvh * hd;
     const float* K0 = reinterpret_cast<const float*>(k_base[sq0]) + off0;
     const float* V0 = reinterpret_cast<const float*>(v_base[sq0]) + off0;
-    if (live) {
-        const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
-        for (int i = lane; i < hd; i += 32) qs[i] = qr[i];
-    }
     __syncwarp();
 
-    TfSoftmax f;
-    tf_softmax_start(f);
+    TfSoftmax f[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) tf_softmax_start(f[i]);
     const int quads = hd / 4;
     // Keys (or values) of block b0 that are staged, copied into `to`
     // asynchronously as one group of copies (empty past the staged range).
@@ -366,29 +408,60 @@ extern "C" __global__ void __launch_bounds__(512)
     stage_block(K0, staged_kv, 0);
     stage_block(V0, staged_v, 0);
     for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
-        const bool work = live && b0 < n;
-        const int valid = (int)max(0LL, min((long long)TF_KEY_BLOCK, n - b0));
-        // This block's keys: staged (stride hd + 4) or in the cache.
-        const float* kb = staged ? staged_kv : K + (size_t)b0 * kvw;
-        const float* vb = staged ? staged_v : V + (size_t)b0 * kvw;
-        const size_t stride = staged ? (size_t)ks : (size_t)kvw;
+        int valid[R];
+        bool any = false;
+        const float *kb[R], *vb[R];
+        size_t stride[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) {
+            valid[i] = live[i] && b0 < n[i] ? (int)min((long long)TF_KEY_BLOCK, n[i] - b0) : 0;
+            any = any || valid[i] > 0;
+            // This block's keys: staged (stride hd + 4) or in the cache.
+            kb[i] = staged[i] ? staged_kv : K[i] + (size_t)b0 * kvw;
+            vb[i] = staged[i] ? staged_v : V[i] + (size_t)b0 * kvw;
+            stride[i] = staged[i] ? (size_t)ks : (size_t)kvw;
+        }
         tf_cp_wait_all_but_one();
         __syncthreads();
-        TfKeyBlock b;
-        if (work) b = tf_key_block(qs, kb, stride, valid, lane, hd, scale);
+        TfKeyBlock b[R];
+        if (together) {
+            if (any) tf_key_blocks<R>(qs, kb[0], stride[0], valid, lane, hd, scale, b);
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int one[1] = {valid[i]};
+                TfKeyBlock bi[1];
+                if (one[0] > 0) tf_key_blocks<1>(qs + i * hd, kb[i], stride[i], one, lane, hd, scale, bi);
+                b[i] = bi[0];
+            }
+        }
         __syncthreads();
         stage_block(K0, staged_kv, b0 + TF_KEY_BLOCK);
         tf_cp_wait_all_but_one();
         __syncthreads();
-        if (work) {
-            float o[TF_MAX_HD / 32];
-            tf_key_block_values(b, vb, stride, valid, lane, hd, o);
-            tf_fold(f, b.max, b.sum, o);
+        float o[R][TF_MAX_HD / 32];
+        if (together) {
+            if (any) tf_key_block_values<R>(b, vb[0], stride[0], valid, lane, hd, o);
+        } else {
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                const int one[1] = {valid[i]};
+                const TfKeyBlock bi[1] = {b[i]};
+                float oi[1][TF_MAX_HD / 32];
+                if (one[0] > 0) tf_key_block_values<1>(bi, vb[i], stride[i], one, lane, hd, oi);
+#pragma unroll
+                for (int t = 0; t < TF_MAX_HD / 32; t++) o[i][t] = oi[0][t];
+            }
         }
+#pragma unroll
+        for (int i = 0; i < R; i++)
+            if (valid[i] > 0) tf_fold(f[i], b[i].max, b[i].sum, o[i]);
         __syncthreads();
         stage_block(V0, staged_v, b0 + TF_KEY_BLOCK);
     }
-    if (live) tf_softmax_store(f, out, out16, r, h, heads, lane, hd);
+#pragma unroll
+    for (int i = 0; i < R; i++)
+        if (live[i]) tf_softmax_store(f[i], out, out16, r0 + first + i, h, heads, lane, hd);
 }
 
 // Few rows: a block per (row, head), its warps take key blocks w, w + W,
@@ -421,16 +494,18 @@ extern "C" __global__ void __launch_bounds__(512)
         if (g0 + warp < blocks) {
             const long long b0 = (g0 + warp) * TF_KEY_BLOCK;
             const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
-            const TfKeyBlock b = tf_key_block(qs, K + (size_t)b0 * kvw, kvw, valid, lane, hd, scale);
-            float o[TF_MAX_HD / 32];
-            tf_key_block_values(b, V + (size_t)b0 * kvw, kvw, valid, lane, hd, o);
+            const int valids[1] = {valid};
+            TfKeyBlock b[1];
+            tf_key_blocks<1>(qs, K + (size_t)b0 * kvw, kvw, valids, lane, hd, scale, b);
+            float o[1][TF_MAX_HD / 32];
+            tf_key_block_values<1>(b, V + (size_t)b0 * kvw, kvw, valids, lane, hd, o);
             float* part = parts + warp * (hd + 2);
 #pragma unroll
             for (int t = 0; t < TF_MAX_HD / 32; t++)
-                if (tf_dim(lane, t) < hd) part[tf_dim(lane, t)] = o[t];
+                if (tf_dim(lane, t) < hd) part[tf_dim(lane, t)] = o[0][t];
             if (lane == 0) {
-                part[hd] = b.max;
-                part[hd + 1] = b.sum;
+                part[hd] = b[0].max;
+                part[hd + 1] = b[0].sum;
             }
         }
         __syncthreads();

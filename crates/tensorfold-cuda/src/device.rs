@@ -149,9 +149,11 @@ fn segment_words(format: Format) -> usize {
     format.matrix_bytes(1, SEGMENT).div_ceil(16) + 1
 }
 
-/// Warps of one attention block at most: (row, query head) pairs sharing
+/// Warps of one attention block at most: (rows, query head) pairs sharing
 /// each staged key block.
 const ATTENTION_WARPS: usize = 16;
+/// Rows an `attention` warp takes (`TF_ATT_ROWS`).
+const ATTENTION_ROWS: usize = 2;
 /// Keys per attention block (`TF_KEY_BLOCK`) and the padding between
 /// staged keys (`TF_KEY_PAD`).
 const KEY_BLOCK: usize = 64;
@@ -160,9 +162,9 @@ const KEY_PAD: usize = 4;
 const STAGE_KEYS_FROM: usize = 16;
 
 /// Dynamic shared memory of an attention block: one staged block of keys
-/// and one of values, and every warp's query.
+/// and one of values, and every warp's queries.
 fn attention_shared(head_dim: usize, warps: usize) -> usize {
-    4 * (2 * KEY_BLOCK * (head_dim + KEY_PAD) + warps * head_dim)
+    4 * (2 * KEY_BLOCK * (head_dim + KEY_PAD) + ATTENTION_ROWS * warps * head_dim)
 }
 
 /// Warps of an `attention_split` block, each taking one key block of a
@@ -186,13 +188,17 @@ fn split_shared(head_dim: usize) -> usize {
 
 /// How an attention launch groups (row, query head) pairs into blocks:
 /// `(rows, heads)` per block, the heads a divisor of the query heads per kv
-/// head so that a block reads one kv head's keys.
+/// head so that a block reads one kv head's keys; a block has
+/// `rows.div_ceil(ATTENTION_ROWS) * heads` warps.
 fn attention_tile(m: usize, group: usize) -> (usize, usize) {
     let heads = (1..=group.min(ATTENTION_WARPS))
         .rev()
         .find(|h| group.is_multiple_of(*h))
         .unwrap_or(1);
-    ((ATTENTION_WARPS / heads).min(m).max(1), heads)
+    (
+        (ATTENTION_ROWS * ATTENTION_WARPS / heads).min(m).max(1),
+        heads,
+    )
 }
 
 /// Which matmul kernel a launch took, for the profile.
@@ -1185,8 +1191,11 @@ impl CudaModel {
                     lb.arg(&mi).arg(&rows_i).arg(&hb_i).arg(&stage);
                     LaunchConfig {
                         grid_dim: (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1),
-                        block_dim: (32 * (rows * hb) as u32, 1, 1),
-                        shared_mem_bytes: attention_shared(c.head_dim, rows * hb) as u32,
+                        block_dim: (32 * (rows.div_ceil(ATTENTION_ROWS) * hb) as u32, 1, 1),
+                        shared_mem_bytes: attention_shared(
+                            c.head_dim,
+                            rows.div_ceil(ATTENTION_ROWS) * hb,
+                        ) as u32,
                     }
                 };
                 // SAFETY: matches `attention` / `attention_split` in ops.cu;
