@@ -238,25 +238,24 @@ __device__ __forceinline__ void tf_key_blocks(const float* qs, const float* kb, 
 // lane, keys in position order from zero; the rows share every value
 // load, and loads of 8 / R keys are issued before their multiply-adds so
 // they overlap.
-template <int R>
+template <int R, int NT>
 __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const float* vb, size_t stride,
-                                                    const int valid[R], int lane, int hd,
-                                                    float o[R][TF_MAX_HD / 32]) {
+                                                    const int valid[R], int lane, int hd, float o[R][NT]) {
     constexpr int KEYS = R == 1 ? 8 : 2;
     int most = 0;
 #pragma unroll
     for (int r = 0; r < R; r++) {
         most = max(most, valid[r]);
 #pragma unroll
-        for (int t = 0; t < TF_MAX_HD / 32; t++) o[r][t] = 0.f;
+        for (int t = 0; t < NT; t++) o[r][t] = 0.f;
     }
     for (int j0 = 0; j0 < most; j0 += KEYS) {
-        float vv[KEYS][TF_MAX_HD / 32];
+        float vv[KEYS][NT];
 #pragma unroll
         for (int k = 0; k < KEYS; k++) {
             const float* vr = vb + (size_t)min(j0 + k, most - 1) * stride;
 #pragma unroll
-            for (int c = 0; c < TF_MAX_HD / 128; c++) {
+            for (int c = 0; c < NT / 4; c++) {
                 const bool in = tf_dim(lane, 4 * c) < hd;
                 const float4 v = in ? *reinterpret_cast<const float4*>(vr + tf_dim(lane, 4 * c))
                                     : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -274,7 +273,7 @@ __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const
                 const float pj = __shfl_sync(0xffffffffu, jj < 32 ? b[r].p[0] : b[r].p[1], jj & 31);
                 if (jj < valid[r]) {
 #pragma unroll
-                    for (int t = 0; t < TF_MAX_HD / 32; t++)
+                    for (int t = 0; t < NT; t++)
                         if (tf_dim(lane, t) < hd) o[r][t] = __fmaf_rn(pj, vv[k][t], o[r][t]);
                 }
             }
@@ -283,42 +282,47 @@ __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const
 }
 
 // What the fold has gathered so far: the running max, sum and value sum.
+// NT value slots per lane (tf_dim) cover head dimensions up to 32 NT.
+template <int NT>
 struct TfSoftmax {
     float max, sum;
-    float o[TF_MAX_HD / 32];
+    float o[NT];
 };
 
-__device__ __forceinline__ void tf_softmax_start(TfSoftmax& f) {
+template <int NT>
+__device__ __forceinline__ void tf_softmax_start(TfSoftmax<NT>& f) {
     f.max = -INFINITY;
     f.sum = 0.f;
 #pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++) f.o[t] = 0.f;
+    for (int t = 0; t < NT; t++) f.o[t] = 0.f;
 }
 
 // Folds the next block's partial (max, sum, value sum) into f.
-__device__ __forceinline__ void tf_fold(TfSoftmax& f, float max, float sum, const float o[TF_MAX_HD / 32]) {
+template <int NT>
+__device__ __forceinline__ void tf_fold(TfSoftmax<NT>& f, float max, float sum, const float o[NT]) {
     const float mn = fmaxf(f.max, max);
     const float a = f.max == -INFINITY ? 0.f : expf(__fsub_rn(f.max, mn));
     const float c = expf(__fsub_rn(max, mn));
     f.sum = __fmaf_rn(sum, c, __fmul_rn(f.sum, a));
 #pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++) f.o[t] = __fmaf_rn(o[t], c, __fmul_rn(f.o[t], a));
+    for (int t = 0; t < NT; t++) f.o[t] = __fmaf_rn(o[t], c, __fmul_rn(f.o[t], a));
     f.max = mn;
 }
 
 // Row r, head h of the output, and in f16 to `out16` unless it is null.
-__device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* out, uint32_t* out16, int r, int h,
+template <int NT>
+__device__ __forceinline__ void tf_softmax_store(const TfSoftmax<NT>& f, float* out, uint32_t* out16, int r, int h,
                                                  int heads, int lane, int hd) {
     const float inv = 1.0f / f.sum;
-    float v[TF_MAX_HD / 32];
+    float v[NT];
 #pragma unroll
-    for (int t = 0; t < TF_MAX_HD / 32; t++) {
+    for (int t = 0; t < NT; t++) {
         v[t] = __fmul_rn(f.o[t], inv);
         if (tf_dim(lane, t) < hd) out[(size_t)r * heads * hd + (size_t)h * hd + tf_dim(lane, t)] = v[t];
     }
     if (out16) {
 #pragma unroll
-        for (int c = 0; c < TF_MAX_HD / 128; c++)
+        for (int c = 0; c < NT / 4; c++)
             if (tf_dim(lane, 4 * c) < hd)
                 tf_store_h16(out16 + (size_t)r * (heads * hd / 2), (h * hd + tf_dim(lane, 4 * c)) / 4,
                              make_float4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]));
@@ -338,11 +342,12 @@ __device__ __forceinline__ void tf_softmax_store(const TfSoftmax& f, float* out,
 // Dynamic shared memory: (2 * 64 * (hd + 4) + TF_ATT_ROWS * warps * hd)
 // floats.
 #define TF_ATT_ROWS 2
-extern "C" __global__ void __launch_bounds__(512)
-    attention(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale, const long long* row_pos,
-              const long long* row_seq, const unsigned long long* k_base,
-              const unsigned long long* v_base, const long long* cap, int layer, float* out, uint32_t* out16,
-              int M, int rows, int hb, int stage) {
+template <int NT>
+__device__ __forceinline__ void tf_attention(const float* __restrict__ q, int heads, int kv_heads, int hd,
+                                             float scale, const long long* row_pos, const long long* row_seq,
+                                             const unsigned long long* k_base, const unsigned long long* v_base,
+                                             const long long* cap, int layer, float* out, uint32_t* out16, int M,
+                                             int rows, int hb, int stage) {
     constexpr int R = TF_ATT_ROWS;
     extern __shared__ float4 shared4[];
     float* staged_kv = reinterpret_cast<float*>(shared4);
@@ -389,7 +394,7 @@ extern "C" __global__ void __launch_bounds__(512)
     const float* V0 = reinterpret_cast<const float*>(v_base[sq0]) + off0;
     __syncwarp();
 
-    TfSoftmax f[R];
+    TfSoftmax<NT> f[R];
 #pragma unroll
     for (int i = 0; i < R; i++) tf_softmax_start(f[i]);
     const int quads = hd / 4;
@@ -439,18 +444,18 @@ extern "C" __global__ void __launch_bounds__(512)
         stage_block(K0, staged_kv, b0 + TF_KEY_BLOCK);
         tf_cp_wait_all_but_one();
         __syncthreads();
-        float o[R][TF_MAX_HD / 32];
+        float o[R][NT];
         if (together) {
-            if (any) tf_key_block_values<R>(b, vb[0], stride[0], valid, lane, hd, o);
+            if (any) tf_key_block_values<R, NT>(b, vb[0], stride[0], valid, lane, hd, o);
         } else {
 #pragma unroll
             for (int i = 0; i < R; i++) {
                 const int one[1] = {valid[i]};
                 const TfKeyBlock bi[1] = {b[i]};
-                float oi[1][TF_MAX_HD / 32];
-                if (one[0] > 0) tf_key_block_values<1>(bi, vb[i], stride[i], one, lane, hd, oi);
+                float oi[1][NT];
+                if (one[0] > 0) tf_key_block_values<1, NT>(bi, vb[i], stride[i], one, lane, hd, oi);
 #pragma unroll
-                for (int t = 0; t < TF_MAX_HD / 32; t++) o[i][t] = oi[0][t];
+                for (int t = 0; t < NT; t++) o[i][t] = oi[0][t];
             }
         }
 #pragma unroll
@@ -463,6 +468,20 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int i = 0; i < R; i++)
         if (live[i]) tf_softmax_store(f[i], out, out16, r0 + first + i, h, heads, lane, hd);
 }
+
+// `attention` for head dimensions up to 256, `attention_128` up to 128
+// (half the registers for value sums).
+#define TF_ATTENTION(NAME, NT)                                                                           \
+    extern "C" __global__ void __launch_bounds__(512)                                                    \
+        NAME(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,                  \
+             const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,       \
+             const unsigned long long* v_base, const long long* cap, int layer, float* out,              \
+             uint32_t* out16, int M, int rows, int hb, int stage) {                                      \
+        tf_attention<NT>(q, heads, kv_heads, hd, scale, row_pos, row_seq, k_base, v_base, cap, layer, out, \
+                         out16, M, rows, hb, stage);                                                     \
+    }
+TF_ATTENTION(attention, TF_MAX_HD / 32)
+TF_ATTENTION(attention_128, 4)
 
 // Few rows: a block per (row, head), its warps take key blocks w, w + W,
 // ... a round of W at a time and leave their partials in shared memory;
@@ -487,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
 
-    TfSoftmax f;
+    TfSoftmax<TF_MAX_HD / 32> f;
     tf_softmax_start(f);
     const long long blocks = (n + TF_KEY_BLOCK - 1) / TF_KEY_BLOCK;
     for (long long g0 = 0; g0 < blocks; g0 += warps) {
@@ -498,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(512)
             TfKeyBlock b[1];
             tf_key_blocks<1>(qs, K + (size_t)b0 * kvw, kvw, valids, lane, hd, scale, b);
             float o[1][TF_MAX_HD / 32];
-            tf_key_block_values<1>(b, V + (size_t)b0 * kvw, kvw, valids, lane, hd, o);
+            tf_key_block_values<1, TF_MAX_HD / 32>(b, V + (size_t)b0 * kvw, kvw, valids, lane, hd, o);
             float* part = parts + warp * (hd + 2);
 #pragma unroll
             for (int t = 0; t < TF_MAX_HD / 32; t++)

@@ -287,7 +287,10 @@ struct Kernels {
     embed: CudaFunction,
     rmsnorm: CudaFunction,
     qkv_post: CudaFunction,
+    /// `attention` for head dimensions up to 256 and `attention_128`
+    /// (fewer registers) up to 128.
     attention: CudaFunction,
+    attention_128: CudaFunction,
     attention_split: CudaFunction,
     silu_mul: CudaFunction,
 }
@@ -355,6 +358,14 @@ impl Kernels {
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     attention_shared(256, ATTENTION_WARPS) as i32,
+                )?;
+                f
+            },
+            attention_128: {
+                let f = ops.load_function("attention_128")?;
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    attention_shared(128, ATTENTION_WARPS) as i32,
                 )?;
                 f
             },
@@ -1160,6 +1171,8 @@ impl CudaModel {
                 let split = split_attention(m, p.seqs);
                 let (kernel, name) = if split {
                     (&self.k.attention_split, "attention split")
+                } else if c.head_dim <= 128 {
+                    (&self.k.attention_128, "attention")
                 } else {
                     (&self.k.attention, "attention")
                 };
