@@ -280,17 +280,8 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
     }
     let rounds = 64;
     let mut step = |r: usize| {
-        let next: Vec<[u32; 1]> = (0..streams).map(|i| [toks[(r * 31 + i) % 8192]]).collect();
-        let mut seqs: Vec<Seq<'_, CudaKv>> = caches
-            .iter_mut()
-            .zip(&next)
-            .map(|(kv, t)| Seq {
-                tokens: t,
-                cache: kv,
-                logits: Logits::Last,
-            })
-            .collect();
-        g.forward_batch(&mut seqs).unwrap();
+        let next: Vec<u32> = (0..streams).map(|i| toks[(r * 31 + i) % 8192]).collect();
+        stream_round(g, &mut caches, &next);
     };
     step(0);
     let t = Instant::now();
@@ -305,6 +296,20 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
         1e3 * s / rounds as f64
     );
     ours
+}
+
+/// One forward of every stream in `caches`, stream i taking `next[i]`.
+fn stream_round(g: &CudaModel, caches: &mut [CudaKv], next: &[u32]) {
+    let mut seqs: Vec<Seq<'_, CudaKv>> = caches
+        .iter_mut()
+        .zip(next)
+        .map(|(kv, t)| Seq {
+            tokens: std::slice::from_ref(t),
+            cache: kv,
+            logits: Logits::Last,
+        })
+        .collect();
+    g.forward_batch(&mut seqs).unwrap();
 }
 
 /// Device time by kernel of 16 decode steps after a 128-token prompt, of
@@ -335,18 +340,8 @@ fn profile(g: &CudaModel, toks: &[u32]) {
     for (i, kv) in caches.iter_mut().enumerate() {
         prefill(g, kv, &toks[i * 128..(i + 1) * 128], 256);
     }
-    let next: Vec<[u32; 1]> = (0..16).map(|i| [toks[4096 + i]]).collect();
-    let mut seqs: Vec<Seq<'_, CudaKv>> = caches
-        .iter_mut()
-        .zip(&next)
-        .map(|(kv, t)| Seq {
-            tokens: t,
-            cache: kv,
-            logits: Logits::Last,
-        })
-        .collect();
     g.start_profile();
-    g.forward_batch(&mut seqs).unwrap();
+    stream_round(g, &mut caches, &toks[4096..4112]);
     show("a round of 16 streams", g.finish_profile().unwrap());
     let mut kv = g.new_cache();
     prefill(g, &mut kv, &toks[..1792], 256);

@@ -344,6 +344,16 @@ impl Kernels {
             }
             matmul.push(per);
         }
+        // An `attention` kernel for head dimensions up to `max_hd`, allowed
+        // the shared memory of its largest block.
+        let attention = |name: &str, max_hd: usize| -> Result<CudaFunction> {
+            let f = ops.load_function(name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attention_shared(max_hd, ATTENTION_WARPS) as i32,
+            )?;
+            Ok(f)
+        };
         Ok(Kernels {
             matmul,
             matmul_any: mm.load_function("mm_f32_any")?,
@@ -353,22 +363,8 @@ impl Kernels {
             embed: ops.load_function("embed")?,
             rmsnorm: ops.load_function("rmsnorm")?,
             qkv_post: ops.load_function("qkv_post")?,
-            attention: {
-                let f = ops.load_function("attention")?;
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    attention_shared(256, ATTENTION_WARPS) as i32,
-                )?;
-                f
-            },
-            attention_128: {
-                let f = ops.load_function("attention_128")?;
-                f.set_attribute(
-                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    attention_shared(128, ATTENTION_WARPS) as i32,
-                )?;
-                f
-            },
+            attention: attention("attention", 256)?,
+            attention_128: attention("attention_128", 128)?,
             attention_split: ops.load_function("attention_split")?,
             silu_mul: ops.load_function("silu_mul")?,
             _modules: [mm, tc, ops],
