@@ -76,6 +76,10 @@ __device__ __forceinline__ void tf_ld8_a8(const uint8_t* p, uint8_t b[8]) {
     }
 }
 
+// An f16 pair as its 32 bits, and back.
+__device__ __forceinline__ uint32_t tf_h2_bits(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
+__device__ __forceinline__ __half2 tf_as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
+
 // Asynchronous 16-byte copies from global to shared memory.
 __device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) {
     const uint32_t to = (uint32_t)__cvta_generic_to_shared(smem);
@@ -94,9 +98,8 @@ __device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.asyn
 // the four consecutive inputs 4q..4q + 3 of the row.
 __device__ __forceinline__ void tf_store_h16(uint32_t* row16, int q, float4 v) {
     const int u = q >> 3, h = (q >> 2) & 1, t = q & 3;
-    const __half2 a = __floats2half2_rn(v.x, v.z), b = __floats2half2_rn(v.y, v.w);
     *reinterpret_cast<uint2*>(row16 + 16 * u + 4 * t + 2 * h) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+        make_uint2(tf_h2_bits(__floats2half2_rn(v.x, v.z)), tf_h2_bits(__floats2half2_rn(v.y, v.w)));
 }
 
 // The fixed xor tree over a warp's 32 lane values: every lane gets the sum.

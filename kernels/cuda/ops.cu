@@ -349,8 +349,8 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
                                              const long long* cap, int layer, float* out, uint32_t* out16, int M,
                                              int rows, int hb, int stage) {
     constexpr int R = TF_ATT_ROWS;
-    extern __shared__ float4 shared4[];
-    float* staged_kv = reinterpret_cast<float*>(shared4);
+    extern __shared__ float4 staged4[];
+    float* staged_kv = reinterpret_cast<float*>(staged4);
     const int ks = hd + TF_KEY_PAD;
     const int group = heads / kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y * hb + warp % hb, kvh = h / group, kvw = kv_heads * hd;

@@ -47,11 +47,14 @@ __device__ __forceinline__ void tf_mma(float d[4], const uint32_t a[4], const ui
 // 0x6400 is 1024 in f16, so (0x6400 | n) is 1024 + n exactly, and the
 // subtraction is exact.
 __device__ __forceinline__ uint32_t tf_ints_h2(uint32_t v, uint32_t bias2) {
-    const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&v), *reinterpret_cast<const __half2*>(&bias2));
-    return *reinterpret_cast<const uint32_t*>(&r);
+    return tf_h2_bits(__hsub2(tf_as_h2(v), tf_as_h2(bias2)));
 }
 // f16 1024 + bias in both halves.
 #define TF_H2_BIAS(b) (0x64006400u | ((uint32_t)(b) << 16) | (uint32_t)(b))
+// An integer n < 1024 as f16, in both halves.
+__device__ __forceinline__ uint32_t tf_int_h2(uint32_t n) {
+    return tf_ints_h2(0x64006400u | n | (n << 16), TF_H2_BIAS(0));
+}
 
 // The four nibbles at shift 0 of bytes 0..3 of v: (0, 2) and (1, 3).
 __device__ __forceinline__ void tf_nibbles(uint32_t v, uint32_t bias2, uint32_t q[2]) {
@@ -67,9 +70,6 @@ __device__ __forceinline__ void tf_bytes(uint32_t v, uint32_t bias2, uint32_t q[
 __device__ __forceinline__ uint32_t tf_ld32_a2(const uint8_t* p) {
     return (uint32_t)tf_ld16(p) | ((uint32_t)tf_ld16(p + 2) << 16);
 }
-
-__device__ __forceinline__ __half2 tf_as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
-__device__ __forceinline__ uint32_t tf_h2_bits(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
 
 // A weight unit as the tensor-core kernels use it.
 struct TfQUnit {
@@ -95,9 +95,9 @@ __device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* row, int u, int t) {
         const int j = u & 7;
         uint32_t sc, mn;
         tf_q4k_scale_min(sb, j, sc, mn);
-        w.mq = tf_ints_h2(0x64006400u | mn | (mn << 16), TF_H2_BIAS(0));
+        w.mq = tf_int_h2(mn);
         // (1024 + q) sc - 1024 sc is q sc < 2^10, exactly, in one rounding.
-        const __half2 s2 = tf_as_h2(tf_ints_h2(0x64006400u | sc | (sc << 16), TF_H2_BIAS(0)));
+        const __half2 s2 = tf_as_h2(tf_int_h2(sc));
         const __half2 off = __hmul2(s2, __float2half2_rn(-1024.f));
         // 32 bytes, one nibble per element, at shift 4 in odd units.
         const uint8_t* qs = sb + 16 + 32 * (j >> 1);
@@ -228,6 +228,15 @@ __device__ __forceinline__ void tf_store(float* y, int M, int N, int ldy, int ac
         *o = accumulate ? __fadd_rn(*o, v) : v;
     }
 }
+// A 16 x 8 tile's sums, weight rows j, j + 8 by input rows i, i + 1 (the
+// accumulator slots of thread (g, t), with j = j0 + g and i = i0 + 2t).
+__device__ __forceinline__ void tf_store_tile(float* y, int M, int N, int ldy, int accumulate, int i, int j,
+                                              const float v[4]) {
+    tf_store(y, M, N, ldy, accumulate, i, j, v[0]);
+    tf_store(y, M, N, ldy, accumulate, i + 1, j, v[1]);
+    tf_store(y, M, N, ldy, accumulate, i, j + 8, v[2]);
+    tf_store(y, M, N, ldy, accumulate, i + 1, j + 8, v[3]);
+}
 
 // 16-byte words that hold any segment of a row wherever it starts: the
 // segment's bytes rounded up, plus one for a start inside a word.
@@ -336,12 +345,7 @@ __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const 
             v[2] = __fadd_rn(v[2], p.z);
             v[3] = __fadd_rn(v[3], p.w);
         }
-        // Accumulator slots: (row g, input rows 2t, 2t + 1), then row g + 8.
-        const int i = i0 + 8 * n + 2 * t;
-        tf_store(y, M, N, ldy, accumulate, i, j0 + g, v[0]);
-        tf_store(y, M, N, ldy, accumulate, i + 1, j0 + g, v[1]);
-        tf_store(y, M, N, ldy, accumulate, i, j0 + g + 8, v[2]);
-        tf_store(y, M, N, ldy, accumulate, i + 1, j0 + g + 8, v[3]);
+        tf_store_tile(y, M, N, ldy, accumulate, i0 + 8 * n + 2 * t, j0 + g, v);
     }
 }
 
@@ -412,11 +416,7 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
     for (int c = 0; c < TC; c++)
 #pragma unroll
         for (int n = 0; n < TN; n++) {
-            const int i = i0 + 8 * n + 2 * t, j = j0 + 16 * c + g;
-            tf_store(y, M, N, ldy, accumulate, i, j, total[c][n][0]);
-            tf_store(y, M, N, ldy, accumulate, i + 1, j, total[c][n][1]);
-            tf_store(y, M, N, ldy, accumulate, i, j + 8, total[c][n][2]);
-            tf_store(y, M, N, ldy, accumulate, i + 1, j + 8, total[c][n][3]);
+            tf_store_tile(y, M, N, ldy, accumulate, i0 + 8 * n + 2 * t, j0 + 16 * c + g, total[c][n]);
         }
 }
 

@@ -120,6 +120,14 @@ const MANY_FROM: usize = 33;
 /// Input tiles (8 rows each) a few-row block may take: `tc_*_few`,
 /// `tc_*_few2`, `tc_*_few4`.
 const FEW_TILES: [usize; 3] = [1, 2, 4];
+
+/// The few-row kernel for `tiles` input tiles, after `tc_<format>_`.
+fn few_kernel(tiles: usize) -> String {
+    match tiles {
+        1 => "few".to_string(),
+        n => format!("few{n}"),
+    }
+}
 /// Inputs one segment of a tensor-core reduction covers (`TF_SEG` units).
 const SEGMENT: usize = 256;
 /// Warps of a few-row block at most.
@@ -308,12 +316,7 @@ impl Kernels {
             }
             let mut few = Vec::new();
             for tiles in FEW_TILES {
-                let suffix = if tiles == 1 {
-                    String::new()
-                } else {
-                    tiles.to_string()
-                };
-                let f = tc.load_function(&format!("tc_{name}_few{suffix}"))?;
+                let f = tc.load_function(&format!("tc_{name}_{}", few_kernel(tiles)))?;
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     FEW_SHARED_MAX as i32,
@@ -910,15 +913,15 @@ impl CudaModel {
             .arg(&acc);
         // SAFETY: the arguments match `mm_*` in matmul.cu and `tc_*` in
         // tensor.cu (the few-row kernel's shared memory holds every
-        // segment's partial sums, checked at upload); `w` holds
+        // segment's partial sums of its tiles, checked above, with one tile
+        // always fitting, checked at upload); `w` holds
         // `rows` rows of `cols` inputs, `x` holds `m * cols` floats (`x16`,
         // for the tensor cores, `m * cols / 2` words) and `y` at least
         // `m * ldy` with `ldy >= rows`, all on this stream.
         unsafe { b.launch(cfg) }?;
         self.mark(|| {
             let kernel = match kind {
-                Kind::Few(1) => "tensor few".to_string(),
-                Kind::Few(tiles) => format!("tensor few{tiles}"),
+                Kind::Few(tiles) => format!("tensor {}", few_kernel(tiles)),
                 Kind::Many => format!("tensor m{}x{}", self.k.many.0, self.k.many.1),
                 Kind::Tile(t) => TILES[t].kernel("fma"),
                 Kind::Any => "fma any".to_string(),
