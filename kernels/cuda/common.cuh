@@ -81,10 +81,14 @@ __device__ __forceinline__ uint32_t tf_h2_bits(__half2 v) { return *reinterpret_
 __device__ __forceinline__ __half2 tf_as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
 
 // Asynchronous 16-byte copies from global to shared memory.
-__device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) {
-    const uint32_t to = (uint32_t)__cvta_generic_to_shared(smem);
+// `to` is a shared-memory address (tf_shared_addr).
+__device__ __forceinline__ uint32_t tf_shared_addr(const void* smem) {
+    return (uint32_t)__cvta_generic_to_shared(smem);
+}
+__device__ __forceinline__ void tf_cp16_to(uint32_t to, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
 }
+__device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) { tf_cp16_to(tf_shared_addr(smem), gmem); }
 __device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most one group of this thread's copies is in flight.
 __device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }

@@ -5,15 +5,15 @@
 
 #define TF_NORM_THREADS 256
 
-// Fixed-order sum over a block of TF_NORM_THREADS threads.
+// Fixed-order sum over a block of TF_NORM_THREADS threads: each warp's
+// xor tree, then the warps' sums in warp order.
 __device__ __forceinline__ float tf_block_sum(float v, float* sh) {
-    sh[threadIdx.x] = v;
+    v = tf_warp_sum(v);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
     __syncthreads();
-    for (int o = TF_NORM_THREADS / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) sh[threadIdx.x] = __fadd_rn(sh[threadIdx.x], sh[threadIdx.x + o]);
-        __syncthreads();
-    }
-    float s = sh[0];
+    float s = 0.f;
+#pragma unroll
+    for (int w = 0; w < TF_NORM_THREADS / 32; w++) s = __fadd_rn(s, sh[w]);
     __syncthreads();
     return s;
 }
@@ -63,47 +63,62 @@ extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tok
 }
 
 // out[r] = rmsnorm(x[src]) * w, src = idx ? idx[r] : r, and the same in
-// f16 to `out16` (tf_store_h16) unless it is null. One block per row;
-// each thread sums squares over a fixed stride, then a fixed tree. Loads
-// are taken TF_NORM_BATCH strides at a time so they are in flight together
-// (the order of the sums does not change with the batch).
-#define TF_NORM_BATCH 8
+// f16 to `out16` (tf_store_h16) unless it is null. One block per row. Rows
+// of whole float4s, up to TF_NORM_VEC per thread, stay in registers: thread i takes float4s i, i + TF_NORM_THREADS, ... and sums
+// their squares in that order, then a fixed tree. Other rows take
+// elements one at a time at the same stride, read twice. Either way the
+// order depends on the width alone.
+#define TF_NORM_VEC 8
 extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
     rmsnorm(const float* __restrict__ x, const long long* __restrict__ idx, const float* __restrict__ w,
             float* __restrict__ out, uint32_t* __restrict__ out16, int H, float eps) {
-    __shared__ float sh[TF_NORM_THREADS];
+    __shared__ float sh[TF_NORM_THREADS / 32];
     const int r = blockIdx.x;
     const float* xr = x + (size_t)(idx ? idx[r] : r) * H;
-    constexpr int STEP = TF_NORM_THREADS * TF_NORM_BATCH;
-    float ss = 0.f;
-    for (int i0 = threadIdx.x; i0 < H; i0 += STEP) {
-        float v[TF_NORM_BATCH];
+    float* o = out + (size_t)r * H;
+    // The path depends on the width alone; x, w and out are allocations of
+    // whole rows, so 16-byte aligned whenever H is a multiple of 4.
+    if ((H & 3) == 0 && H <= 4 * TF_NORM_THREADS * TF_NORM_VEC) {
+        const int n4 = H / 4;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 v[TF_NORM_VEC];
+        float ss = 0.f;
 #pragma unroll
-        for (int b = 0; b < TF_NORM_BATCH; b++) {
-            const int i = i0 + b * TF_NORM_THREADS;
-            v[b] = i < H ? xr[i] : 0.f;
+        for (int b = 0; b < TF_NORM_VEC; b++) {
+            const int q = threadIdx.x + b * TF_NORM_THREADS;
+            v[b] = q < n4 ? reinterpret_cast<const float4*>(xr)[q] : zero;
         }
 #pragma unroll
-        for (int b = 0; b < TF_NORM_BATCH; b++)
-            if (i0 + b * TF_NORM_THREADS < H) ss = __fmaf_rn(v[b], v[b], ss);
+        for (int b = 0; b < TF_NORM_VEC; b++) {
+            if (threadIdx.x + b * TF_NORM_THREADS < n4) {
+                ss = __fmaf_rn(v[b].x, v[b].x, ss);
+                ss = __fmaf_rn(v[b].y, v[b].y, ss);
+                ss = __fmaf_rn(v[b].z, v[b].z, ss);
+                ss = __fmaf_rn(v[b].w, v[b].w, ss);
+            }
+        }
+        ss = tf_block_sum(ss, sh);
+        const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)H, eps));
+#pragma unroll
+        for (int b = 0; b < TF_NORM_VEC; b++) {
+            const int q = threadIdx.x + b * TF_NORM_THREADS;
+            if (q < n4) {
+                const float4 g = reinterpret_cast<const float4*>(w)[q];
+                const float4 y = make_float4(__fmul_rn(__fmul_rn(v[b].x, scale), g.x),
+                                             __fmul_rn(__fmul_rn(v[b].y, scale), g.y),
+                                             __fmul_rn(__fmul_rn(v[b].z, scale), g.z),
+                                             __fmul_rn(__fmul_rn(v[b].w, scale), g.w));
+                reinterpret_cast<float4*>(o)[q] = y;
+                if (out16) tf_store_h16(out16 + (size_t)r * (H / 2), q, y);
+            }
+        }
+        return;
     }
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) ss = __fmaf_rn(xr[i], xr[i], ss);
     ss = tf_block_sum(ss, sh);
     const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)H, eps));
-    float* o = out + (size_t)r * H;
-    for (int i0 = threadIdx.x; i0 < H; i0 += STEP) {
-        float v[TF_NORM_BATCH], g[TF_NORM_BATCH];
-#pragma unroll
-        for (int b = 0; b < TF_NORM_BATCH; b++) {
-            const int i = i0 + b * TF_NORM_THREADS;
-            v[b] = i < H ? xr[i] : 0.f;
-            g[b] = i < H ? w[i] : 0.f;
-        }
-#pragma unroll
-        for (int b = 0; b < TF_NORM_BATCH; b++) {
-            const int i = i0 + b * TF_NORM_THREADS;
-            if (i < H) o[i] = __fmul_rn(__fmul_rn(v[b], scale), g[b]);
-        }
-    }
+    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
     if (out16) {
         __syncthreads();  // the row is written before it is read back in fours
         for (int q = threadIdx.x; q < H / 4; q += blockDim.x)
@@ -236,12 +251,11 @@ __device__ __forceinline__ void tf_key_blocks(const float* qs, const float* kb, 
 
 // Each row's value sum of the block for the dimensions tf_dim gives this
 // lane, keys in position order from zero; the rows share every value
-// load, and loads of 8 / R keys are issued before their multiply-adds so
-// they overlap.
-template <int R, int NT>
+// load, and the loads of KEYS keys are issued before their multiply-adds
+// so they overlap (as many as registers allow).
+template <int R, int NT, int KEYS = R == 1 ? 8 : 2>
 __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const float* vb, size_t stride,
                                                     const int valid[R], int lane, int hd, float o[R][NT]) {
-    constexpr int KEYS = R == 1 ? 8 : 2;
     int most = 0;
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -487,12 +501,14 @@ TF_ATTENTION(attention_128, 4)
 // ... a round of W at a time and leave their partials in shared memory;
 // warp 0 folds each round's in block order. The same partials and the same
 // fold as `attention`, spread over more warps. Dynamic shared memory:
-// (hd + W * (hd + 2)) floats.
-extern "C" __global__ void __launch_bounds__(512)
-    attention_split(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,
-                    const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,
-                    const unsigned long long* v_base, const long long* cap, int layer, float* out,
-                    uint32_t* out16) {
+// (hd + W * (hd + 2)) floats. `attention_split` serves head dimensions up
+// to 256, `attention_split_128` up to 128.
+template <int NT>
+__device__ __forceinline__ void tf_attention_split(const float* __restrict__ q, int heads, int kv_heads, int hd,
+                                                   float scale, const long long* row_pos, const long long* row_seq,
+                                                   const unsigned long long* k_base,
+                                                   const unsigned long long* v_base, const long long* cap,
+                                                   int layer, float* out, uint32_t* out16) {
     extern __shared__ float4 shared4[];
     float* qs = reinterpret_cast<float*>(shared4);
     float* parts = qs + hd;
@@ -506,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(512)
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
 
-    TfSoftmax<TF_MAX_HD / 32> f;
+    TfSoftmax<NT> f;
     tf_softmax_start(f);
     const long long blocks = (n + TF_KEY_BLOCK - 1) / TF_KEY_BLOCK;
     for (long long g0 = 0; g0 < blocks; g0 += warps) {
@@ -516,11 +532,11 @@ extern "C" __global__ void __launch_bounds__(512)
             const int valids[1] = {valid};
             TfKeyBlock b[1];
             tf_key_blocks<1>(qs, K + (size_t)b0 * kvw, kvw, valids, lane, hd, scale, b);
-            float o[1][TF_MAX_HD / 32];
-            tf_key_block_values<1, TF_MAX_HD / 32>(b, V + (size_t)b0 * kvw, kvw, valids, lane, hd, o);
+            float o[1][NT];
+            tf_key_block_values<1, NT, 64 / NT>(b, V + (size_t)b0 * kvw, kvw, valids, lane, hd, o);
             float* part = parts + warp * (hd + 2);
 #pragma unroll
-            for (int t = 0; t < TF_MAX_HD / 32; t++)
+            for (int t = 0; t < NT; t++)
                 if (tf_dim(lane, t) < hd) part[tf_dim(lane, t)] = o[0][t];
             if (lane == 0) {
                 part[hd] = b[0].max;
@@ -531,9 +547,9 @@ extern "C" __global__ void __launch_bounds__(512)
         if (warp == 0) {
             for (int w = 0; w < warps && g0 + w < blocks; w++) {
                 const float* part = parts + w * (hd + 2);
-                float o[TF_MAX_HD / 32];
+                float o[NT];
 #pragma unroll
-                for (int t = 0; t < TF_MAX_HD / 32; t++) o[t] = tf_dim(lane, t) < hd ? part[tf_dim(lane, t)] : 0.f;
+                for (int t = 0; t < NT; t++) o[t] = tf_dim(lane, t) < hd ? part[tf_dim(lane, t)] : 0.f;
                 tf_fold(f, part[hd], part[hd + 1], o);
             }
         }
@@ -541,6 +557,18 @@ extern "C" __global__ void __launch_bounds__(512)
     }
     if (warp == 0) tf_softmax_store(f, out, out16, r, h, heads, lane, hd);
 }
+
+#define TF_ATTENTION_SPLIT(NAME, NT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(512)                                                      \
+        NAME(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,                    \
+             const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,         \
+             const unsigned long long* v_base, const long long* cap, int layer, float* out,                \
+             uint32_t* out16) {                                                                            \
+        tf_attention_split<NT>(q, heads, kv_heads, hd, scale, row_pos, row_seq, k_base, v_base, cap, layer, \
+                               out, out16);                                                                \
+    }
+TF_ATTENTION_SPLIT(attention_split, TF_MAX_HD / 32)
+TF_ATTENTION_SPLIT(attention_split_128, 4)
 
 // act[r, e] = silu(gu[r, e]) * gu[r, ff + e], where gu holds gate | up.
 // And the same in f16 to `act16` (tf_store_h16) unless it is null, which

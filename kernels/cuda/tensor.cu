@@ -51,15 +51,17 @@ __device__ __forceinline__ uint32_t tf_ints_h2(uint32_t v, uint32_t bias2) {
 }
 // f16 1024 + bias in both halves.
 #define TF_H2_BIAS(b) (0x64006400u | ((uint32_t)(b) << 16) | (uint32_t)(b))
-// An integer n < 1024 as f16, in both halves.
-__device__ __forceinline__ uint32_t tf_int_h2(uint32_t n) {
-    return tf_ints_h2(0x64006400u | n | (n << 16), TF_H2_BIAS(0));
+// (v & mask) | bits in one instruction (the compiler splits it in two when
+// both are constants).
+__device__ __forceinline__ uint32_t tf_and_or(uint32_t v, uint32_t mask, uint32_t bits) {
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(v), "r"(mask), "r"(bits));
+    return d;
 }
-
 // The four nibbles at shift 0 of bytes 0..3 of v: (0, 2) and (1, 3).
 __device__ __forceinline__ void tf_nibbles(uint32_t v, uint32_t bias2, uint32_t q[2]) {
-    q[0] = tf_ints_h2((v & 0x000F000Fu) | 0x64006400u, bias2);
-    q[1] = tf_ints_h2(((v >> 8) & 0x000F000Fu) | 0x64006400u, bias2);
+    q[0] = tf_ints_h2(tf_and_or(v, 0x000F000Fu, 0x64006400u), bias2);
+    q[1] = tf_ints_h2(tf_and_or(v >> 8, 0x000F000Fu, 0x64006400u), bias2);
 }
 // The four bytes of v: (0, 2) and (1, 3).
 __device__ __forceinline__ void tf_bytes(uint32_t v, uint32_t bias2, uint32_t q[2]) {
@@ -85,31 +87,76 @@ __device__ __forceinline__ constexpr bool tf_has_offset() {
     return FMT == TF_Q4_1;
 }
 
-// Thread t's part of unit u of a weight row: integers and scales.
+// A Q4_K unit's 6-bit scale and min as f16 halves, each plus 1024:
+// 0x6400 | sc and 0x6400 | min (zero for other formats).
+struct TfUnitScales {
+    uint32_t p;
+};
+// A Q4_K super-block's scales and mins, decoded once per segment by
+// kernels with registers to spare: word i holds bytes (sc, min) of units
+// 2i and 2i + 1 (get_scale_min_k4 of GGML on whole words).
+struct TfSegHead {
+    uint32_t pairs[4];
+};
 template <int FMT>
-__device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* row, int u, int t) {
+__device__ __forceinline__ TfSegHead tf_seg_head(const uint8_t* seg) {
+    TfSegHead h = {};
+    if (FMT == TF_Q4K) {
+        const uint32_t w0 = tf_ld32(seg + 4), w1 = tf_ld32(seg + 8), w2 = tf_ld32(seg + 12);
+        const uint32_t sc[2] = {w0 & 0x3F3F3F3Fu, (w2 & 0x0F0F0F0Fu) | ((w0 >> 2) & 0x30303030u)};
+        const uint32_t mn[2] = {w1 & 0x3F3F3F3Fu, ((w2 >> 4) & 0x0F0F0F0Fu) | ((w1 >> 2) & 0x30303030u)};
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            h.pairs[2 * i] = __byte_perm(sc[i], mn[i], 0x5140);
+            h.pairs[2 * i + 1] = __byte_perm(sc[i], mn[i], 0x7362);
+        }
+    }
+    return h;
+}
+// Unit u's scales from the segment's head...
+template <int FMT>
+__device__ __forceinline__ TfUnitScales tf_unit_scales(const TfSegHead& hd, int u) {
+    if (FMT != TF_Q4K) return TfUnitScales{0};
+    // Bytes (sc, 0x64, min, 0x64); the constant's bytes 1 and 3 are 0x64.
+    return TfUnitScales{__byte_perm(hd.pairs[u >> 1], 0x64006400u, (u & 1) ? 0x7352 : 0x7150)};
+}
+// ... or from the segment's bytes.
+template <int FMT>
+__device__ __forceinline__ TfUnitScales tf_unit_scales(const uint8_t* seg, int u) {
+    if (FMT != TF_Q4K) return TfUnitScales{0};
+    uint32_t sc, mn;
+    tf_q4k_scale_min(seg, u, sc, mn);
+    return TfUnitScales{0x64006400u | sc | (mn << 16)};
+}
+
+// Thread t's part of unit u of a segment (its bytes at `seg`): integers
+// and scales.
+template <int FMT>
+__device__ __forceinline__ TfQUnit tf_qunit(const uint8_t* seg, const TfUnitScales& us, int u, int t) {
     TfQUnit w;
     w.m = 0.f;
     if (FMT == TF_Q4K) {
-        const uint8_t* sb = row + (size_t)(u >> 3) * 144;
-        const int j = u & 7;
-        uint32_t sc, mn;
-        tf_q4k_scale_min(sb, j, sc, mn);
-        w.mq = tf_int_h2(mn);
-        // (1024 + q) sc - 1024 sc is q sc < 2^10, exactly, in one rounding.
-        const __half2 s2 = tf_as_h2(tf_int_h2(sc));
+        // Units 2i and 2i + 1 share 32 bytes: low nibbles and high. A
+        // nibble is masked where it lies, 1024 + q (low) or 1024 + 16 q
+        // (high) as f16, and one fused multiply-add by sc (low) or sc / 16
+        // (high) less 1024 times that gives sc q < 2^10, exactly.
+        const bool high = u & 1;
+        const __half2 p = tf_as_h2(us.p), bias = tf_as_h2(TF_H2_BIAS(0));
+        w.mq = tf_h2_bits(__hsub2(__high2half2(p), bias));
+        const __half2 s2 = high ? __hfma2(__low2half2(p), __float2half2_rn(0.0625f), __float2half2_rn(-64.f))
+                                : __hsub2(__low2half2(p), bias);
         const __half2 off = __hmul2(s2, __float2half2_rn(-1024.f));
-        // 32 bytes, one nibble per element, at shift 4 in odd units.
-        const uint8_t* qs = sb + 16 + 32 * (j >> 1);
+        const uint32_t mask = high ? 0x00F000F0u : 0x000F000Fu;
+        const uint8_t* qs = seg + 16 + 32 * (u >> 1);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const uint32_t v = tf_ld32(qs + 16 * h + 4 * t) >> (4 * (j & 1));
-            w.q[h][0] = tf_h2_bits(__hfma2(tf_as_h2((v & 0x000F000Fu) | 0x64006400u), s2, off));
-            w.q[h][1] = tf_h2_bits(__hfma2(tf_as_h2(((v >> 8) & 0x000F000Fu) | 0x64006400u), s2, off));
+            const uint32_t v = tf_ld32(qs + 16 * h + 4 * t);
+            w.q[h][0] = tf_h2_bits(__hfma2(tf_as_h2(tf_and_or(v, mask, 0x64006400u)), s2, off));
+            w.q[h][1] = tf_h2_bits(__hfma2(tf_as_h2(tf_and_or(v >> 8, mask, 0x64006400u)), s2, off));
         }
         return w;
     }
-    const TfUnit p = tf_prep<FMT>(row, u);
+    const TfUnit p = tf_prep<FMT>(seg, u);
     w.a[0] = w.a[1] = p.a;
     if (FMT == TF_Q4_0 || FMT == TF_Q4_1) {
         // Byte i holds element i (low nibble) and 16 + i (high).
@@ -257,6 +304,7 @@ struct TfSegCopy {
     size_t rb;
     int j0, N, units;
     uint4* buffers;  // 2 * R * QW words
+    uint32_t to;     // their shared-memory address
 
     // Where segment s of row i starts in global memory.
     __device__ __forceinline__ uintptr_t at(int i, int s) const {
@@ -267,12 +315,12 @@ struct TfSegCopy {
     __device__ __forceinline__ void fetch(int s, int k, int lane) const {
         if (s * TF_SEG < units) {
             const int seg_bytes = (int)tf_row_bytes(FMT, 32 * min(TF_SEG, units - s * TF_SEG));
-            uint4* words = buffers + k * R * QW;
+            const uint32_t words = to + 16 * k * R * QW;
             for (int f = lane; f < R * QW; f += 32) {
                 const int i = f / QW, q = f % QW;
                 const uintptr_t from = at(i, s);
                 if (16 * q < (int)(from & 15) + seg_bytes)
-                    tf_cp16(words + f, reinterpret_cast<const void*>((from & ~(uintptr_t)15) + 16 * q));
+                    tf_cp16_to(words + 16 * f, reinterpret_cast<const void*>((from & ~(uintptr_t)15) + 16 * q));
             }
         }
         tf_cp_commit();  // an empty group past the end keeps the count
@@ -298,9 +346,9 @@ __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const 
     const int g = lane >> 2, t = lane & 3;
     const int i0 = blockIdx.y * 8 * TN;
     const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
-    const TfSegCopy<FMT, 16> copy{W, tf_row_bytes(FMT, K), (int)blockIdx.x * 16, N, units,
-                                  reinterpret_cast<uint4*>(part + segs * TN * 32) +
-                                      warp * 2 * 16 * TfSegCopy<FMT, 16>::QW};
+    uint4* buffers = reinterpret_cast<uint4*>(part + segs * TN * 32) + warp * 2 * 16 * TfSegCopy<FMT, 16>::QW;
+    const TfSegCopy<FMT, 16> copy{W, tf_row_bytes(FMT, K), (int)blockIdx.x * 16, N, units, buffers,
+                                  tf_shared_addr(buffers)};
     const uint4* xr[TN];
 #pragma unroll
     for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * (K / 8);
@@ -311,12 +359,14 @@ __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const 
         __syncwarp();
         const uint8_t* lo = copy.row(g, s, k);
         const uint8_t* hi = copy.row(g + 8, s, k);
+        const TfSegHead head_lo = tf_seg_head<FMT>(lo), head_hi = tf_seg_head<FMT>(hi);
         const int u0 = s * TF_SEG, n_units = min(TF_SEG, units - u0);
         float d1[TN][4] = {}, d2[TN][4] = {};
 #pragma unroll
         for (int wu = 0; wu < TF_SEG; wu++) {
             if (wu >= n_units) break;
-            const TfQUnit wl = tf_qunit<FMT>(lo, wu, t), wh = tf_qunit<FMT>(hi, wu, t);
+            const TfQUnit wl = tf_qunit<FMT>(lo, tf_unit_scales<FMT>(head_lo, wu), wu, t),
+                          wh = tf_qunit<FMT>(hi, tf_unit_scales<FMT>(head_hi, wu), wu, t);
 #pragma unroll
             for (int n = 0; n < TN; n++) {
                 uint32_t b[2][2];
@@ -365,8 +415,8 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
     const int j0 = (blockIdx.x * TF_MANY_WARPS + warp) * R, i0 = blockIdx.y * 8 * TN;
     if (j0 >= N) return;
     const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
-    const TfSegCopy<FMT, R> copy{W, tf_row_bytes(FMT, K), j0, N, units,
-                                 reinterpret_cast<uint4*>(staged) + warp * 2 * R * TfSegCopy<FMT, R>::QW};
+    uint4* buffers = reinterpret_cast<uint4*>(staged) + warp * 2 * R * TfSegCopy<FMT, R>::QW;
+    const TfSegCopy<FMT, R> copy{W, tf_row_bytes(FMT, K), j0, N, units, buffers, tf_shared_addr(buffers)};
     const uint4* xr[TN];
 #pragma unroll
     for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * (K / 8);
@@ -396,7 +446,9 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
             }
 #pragma unroll
             for (int c = 0; c < TC; c++) {
-                const TfQUnit wl = tf_qunit<FMT>(lo[c], wu, t), wh = tf_qunit<FMT>(hi[c], wu, t);
+                // Scales are read per unit: registers are short here.
+                const TfQUnit wl = tf_qunit<FMT>(lo[c], tf_unit_scales<FMT>(lo[c], wu), wu, t),
+                              wh = tf_qunit<FMT>(hi[c], tf_unit_scales<FMT>(hi[c], wu), wu, t);
 #pragma unroll
                 for (int n = 0; n < TN; n++) tf_unit_add<FMT>(wl, wh, b[n], sums[n], d1[c][n], d2[c][n]);
             }

@@ -197,14 +197,15 @@ fn split_shared(head_dim: usize) -> usize {
 /// How an attention launch groups (row, query head) pairs into blocks:
 /// `(rows, heads)` per block, the heads a divisor of the query heads per kv
 /// head so that a block reads one kv head's keys; a block has
-/// `rows.div_ceil(ATTENTION_ROWS) * heads` warps.
+/// `rows.div_ceil(ATTENTION_ROWS) * heads` warps, at most
+/// ATTENTION_WARPS.
 fn attention_tile(m: usize, group: usize) -> (usize, usize) {
     let heads = (1..=group.min(ATTENTION_WARPS))
         .rev()
         .find(|h| group.is_multiple_of(*h))
         .unwrap_or(1);
     (
-        (ATTENTION_ROWS * ATTENTION_WARPS / heads).min(m).max(1),
+        (ATTENTION_ROWS * (ATTENTION_WARPS / heads)).min(m).max(1),
         heads,
     )
 }
@@ -299,7 +300,10 @@ struct Kernels {
     /// (fewer registers) up to 128.
     attention: CudaFunction,
     attention_128: CudaFunction,
+    /// `attention_split` for head dimensions up to 256 and
+    /// `attention_split_128` up to 128, likewise.
     attention_split: CudaFunction,
+    attention_split_128: CudaFunction,
     silu_mul: CudaFunction,
 }
 
@@ -369,6 +373,7 @@ impl Kernels {
             attention: attention("attention", 256)?,
             attention_128: attention("attention_128", 128)?,
             attention_split: ops.load_function("attention_split")?,
+            attention_split_128: ops.load_function("attention_split_128")?,
             silu_mul: ops.load_function("silu_mul")?,
             _modules: [mm, tc, ops],
         })
@@ -965,7 +970,9 @@ impl CudaModel {
         };
         // SAFETY: matches `rmsnorm` in ops.cu; `x` has `h` floats per row
         // (and every `idx` entry is a row of it), `out` has `rows * h`,
-        // `out16` (unless 0) `rows * h / 2` words with `h` a multiple of 32.
+        // `out16` (unless 0) `rows * h / 2` words with `h` a multiple of 32;
+        // `x`, `w` and `out` start allocations, so rows of a multiple of 4
+        // are 16-byte aligned for the kernel's float4 path.
         unsafe { b.launch(cfg) }?;
         self.mark(|| "rmsnorm".into())
     }
@@ -1168,7 +1175,9 @@ impl CudaModel {
                 // Both kernels share their leading arguments; `attention`
                 // adds how it groups rows and heads into blocks.
                 let split = split_attention(m, p.seqs);
-                let (kernel, name) = if split {
+                let (kernel, name) = if split && c.head_dim <= 128 {
+                    (&self.k.attention_split_128, "attention split")
+                } else if split {
                     (&self.k.attention_split, "attention split")
                 } else if c.head_dim <= 128 {
                     (&self.k.attention_128, "attention")
@@ -1176,6 +1185,7 @@ impl CudaModel {
                     (&self.k.attention, "attention")
                 };
                 let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
+                let warps = rows.div_ceil(ATTENTION_ROWS) * hb;
                 // Staging pays once several rows share the key blocks.
                 let stage = (m >= STAGE_KEYS_FROM) as i32;
                 let (mi, rows_i, hb_i) = (m as i32, rows as i32, hb as i32);
@@ -1203,11 +1213,8 @@ impl CudaModel {
                     lb.arg(&mi).arg(&rows_i).arg(&hb_i).arg(&stage);
                     LaunchConfig {
                         grid_dim: (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1),
-                        block_dim: (32 * (rows.div_ceil(ATTENTION_ROWS) * hb) as u32, 1, 1),
-                        shared_mem_bytes: attention_shared(
-                            c.head_dim,
-                            rows.div_ceil(ATTENTION_ROWS) * hb,
-                        ) as u32,
+                        block_dim: (32 * warps as u32, 1, 1),
+                        shared_mem_bytes: attention_shared(c.head_dim, warps) as u32,
                     }
                 };
                 // SAFETY: matches `attention` / `attention_split` in ops.cu;
@@ -1551,4 +1558,34 @@ pub fn measure_copy_bandwidth(ordinal: usize, bytes: usize) -> Result<f64> {
     }
     st.synchronize()?;
     Ok((2 * bytes * reps) as f64 / t.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every attention launch stays within the kernels' 16 warps and the
+    /// shared memory allowed at load, and gives each block whole kv-head
+    /// groups, for any row count.
+    #[test]
+    fn attention_blocks_fit_their_kernel() {
+        for head_dim in [64, 96, 128, 160, 256] {
+            for group in 1..=16 {
+                for m in [1, 3, 16, 17, 100, 256, 1000] {
+                    let (rows, heads) = attention_tile(m, group);
+                    let warps = rows.div_ceil(ATTENTION_ROWS) * heads;
+                    assert!(
+                        warps <= ATTENTION_WARPS,
+                        "hd {head_dim} group {group} m {m}"
+                    );
+                    assert!(rows >= 1 && rows <= m && group % heads == 0);
+                    let widest = if head_dim <= 128 { 128 } else { 256 };
+                    assert!(
+                        attention_shared(head_dim, warps)
+                            <= attention_shared(widest, ATTENTION_WARPS)
+                    );
+                }
+            }
+        }
+    }
 }
