@@ -63,11 +63,12 @@ extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tok
 }
 
 // out[r] = rmsnorm(x[src]) * w, src = idx ? idx[r] : r, and the same in
-// f16 to `out16` (tf_store_h16) unless it is null. One block per row. Rows
-// of whole float4s, up to TF_NORM_VEC per thread, stay in registers: thread i takes float4s i, i + TF_NORM_THREADS, ... and sums
-// their squares in that order, then a fixed tree. Other rows take
-// elements one at a time at the same stride, read twice. Either way the
-// order depends on the width alone.
+// f16 to `out16` (tf_store_h16) unless it is null. One block per row.
+// Rows of whole float4s, up to TF_NORM_VEC per thread, stay in registers:
+// thread i takes float4s i, i + TF_NORM_THREADS, ... and sums their
+// squares in that order, then a fixed tree. Other rows take elements one
+// at a time at the same stride, read twice. Either way the order depends
+// on the width alone.
 #define TF_NORM_VEC 8
 extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
     rmsnorm(const float* __restrict__ x, const long long* __restrict__ idx, const float* __restrict__ w,
