@@ -139,8 +139,9 @@ const FEW_SHARED_MAX: usize = 200 << 10;
 const WEIGHT_PAD: usize = 32;
 
 /// Dynamic shared memory of a few-row block: every segment's partial
-/// sums (512 bytes an input tile), then each warp's two copies (one decoded, one in
-/// flight) of 16 rows of one segment (`tf_seg_words` 16-byte words a row).
+/// sums (512 bytes an input tile), then each warp's two copies (one
+/// decoded, one in flight) of 16 rows of one segment (`tf_seg_words`
+/// 16-byte words a row).
 fn few_shared(format: Format, segments: usize, warps: usize, tiles: usize) -> usize {
     segments * tiles * 512 + warps * 2 * 16 * segment_words(format) * 16
 }
@@ -162,6 +163,9 @@ fn segment_words(format: Format) -> usize {
 const ATTENTION_WARPS: usize = 16;
 /// Rows an `attention` warp takes (`TF_ATT_ROWS`).
 const ATTENTION_ROWS: usize = 2;
+/// Head dimensions the `_128` attention kernels serve (half the value
+/// registers); wider heads, up to 256, take the others.
+const NARROW_HEADS: usize = 128;
 /// Keys per attention block (`TF_KEY_BLOCK`) and the padding between
 /// staged keys (`TF_KEY_PAD`).
 const KEY_BLOCK: usize = 64;
@@ -371,7 +375,7 @@ impl Kernels {
             rmsnorm: ops.load_function("rmsnorm")?,
             qkv_post: ops.load_function("qkv_post")?,
             attention: attention("attention", 256)?,
-            attention_128: attention("attention_128", 128)?,
+            attention_128: attention("attention_128", NARROW_HEADS)?,
             attention_split: ops.load_function("attention_split")?,
             attention_split_128: ops.load_function("attention_split_128")?,
             silu_mul: ops.load_function("silu_mul")?,
@@ -1175,14 +1179,12 @@ impl CudaModel {
                 // Both kernels share their leading arguments; `attention`
                 // adds how it groups rows and heads into blocks.
                 let split = split_attention(m, p.seqs);
-                let (kernel, name) = if split && c.head_dim <= 128 {
-                    (&self.k.attention_split_128, "attention split")
-                } else if split {
-                    (&self.k.attention_split, "attention split")
-                } else if c.head_dim <= 128 {
-                    (&self.k.attention_128, "attention")
-                } else {
-                    (&self.k.attention, "attention")
+                let k = &self.k;
+                let (kernel, name) = match (split, c.head_dim <= NARROW_HEADS) {
+                    (true, true) => (&k.attention_split_128, "attention split"),
+                    (true, false) => (&k.attention_split, "attention split"),
+                    (false, true) => (&k.attention_128, "attention"),
+                    (false, false) => (&k.attention, "attention"),
                 };
                 let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
                 let warps = rows.div_ceil(ATTENTION_ROWS) * hb;
@@ -1579,7 +1581,11 @@ mod tests {
                         "hd {head_dim} group {group} m {m}"
                     );
                     assert!(rows >= 1 && rows <= m && group % heads == 0);
-                    let widest = if head_dim <= 128 { 128 } else { 256 };
+                    let widest = if head_dim <= NARROW_HEADS {
+                        NARROW_HEADS
+                    } else {
+                        256
+                    };
                     assert!(
                         attention_shared(head_dim, warps)
                             <= attention_shared(widest, ATTENTION_WARPS)
