@@ -92,6 +92,33 @@ __device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) { tf_cp16_
 __device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most one group of this thread's copies is in flight.
 __device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+// Waits until at most N groups of this thread's copies are in flight.
+template <int N>
+__device__ __forceinline__ void tf_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Programmatic dependent launch (sm_90; no-ops before it): a kernel lets
+// the next one in its stream launch at once, so that the next one's blocks
+// take the multiprocessors as this one's leave and may start what does not
+// depend on it (the matmuls' weight copies); every kernel then waits for
+// the one before it to finish before touching anything that one reads or
+// writes. Waiting kernels chain, so each waits for all before it.
+__device__ __forceinline__ void tf_launch_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void tf_wait_prior() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Both, for kernels with nothing to start before the wait.
+__device__ __forceinline__ void tf_after_prior() {
+    tf_launch_next();
+    tf_wait_prior();
+}
 
 // Matmul inputs as the tensor-core kernels take them: rounded to f16
 // (to nearest), each 32-input unit's elements in mma slot order, so that
@@ -104,6 +131,17 @@ __device__ __forceinline__ void tf_store_h16(uint32_t* row16, int q, float4 v) {
     const int u = q >> 3, h = (q >> 2) & 1, t = q & 3;
     *reinterpret_cast<uint2*>(row16 + 16 * u + 4 * t + 2 * h) =
         make_uint2(tf_h2_bits(__floats2half2_rn(v.x, v.z)), tf_h2_bits(__floats2half2_rn(v.y, v.w)));
+}
+
+// Element e of a row alone into its f16 slot (tf_store_h16's layout).
+__device__ __forceinline__ void tf_store_h16_one(uint32_t* row16, int e, float v) {
+    const int u = e >> 5, h = (e >> 4) & 1, t = (e >> 2) & 3, j = e & 3;
+    reinterpret_cast<__half*>(row16 + 16 * u + 4 * t + 2 * h + (j & 1))[j >> 1] = __float2half_rn(v);
+}
+
+// silu(g) * u, the gated activation of the feed-forward block.
+__device__ __forceinline__ float tf_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
 // The fixed xor tree over a warp's 32 lane values: every lane gets the sum.

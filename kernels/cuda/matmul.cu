@@ -170,6 +170,7 @@ __device__ __forceinline__ void tf_matmul_staged(const uint8_t* __restrict__ W, 
 extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)
     mm_f32_any(const float* __restrict__ W, const float* __restrict__ x, float* __restrict__ y, int M, int N,
                int K, int ldy, int accumulate) {
+    tf_after_prior();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j = blockIdx.x * TF_WARPS + warp, i = blockIdx.y;
     if (j >= N || i >= M) return;
@@ -188,6 +189,7 @@ extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)
     extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)                                 \
         NAME##_r##R##_c##C(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
                            int ldy, int accumulate) {                                           \
+        tf_after_prior();                                                                       \
         tf_matmul<FMT, R, C>(W, x, y, M, N, K, ldy, accumulate);                                \
     }
 
@@ -195,6 +197,7 @@ extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)
     extern "C" __global__ void __launch_bounds__(TF_WARPS * 32)                                 \
         NAME##_s##R##_c##C(const uint8_t* W, const float* x, float* y, int M, int N, int K,     \
                            int ldy, int accumulate) {                                           \
+        tf_after_prior();                                                                       \
         tf_matmul_staged<FMT, R, C>(W, x, y, M, N, K, ldy, accumulate);                         \
     }
 

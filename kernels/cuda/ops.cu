@@ -43,6 +43,7 @@ __device__ void tf_embed(const uint8_t* W, const long long* tokens, float* out, 
 }
 
 extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tokens, float* out, int K) {
+    tf_after_prior();
     if (K & 31) {
         // Rows narrower than whole units come as f32 (the host widens them).
         const float* row = reinterpret_cast<const float*>(W) + (size_t)tokens[blockIdx.x] * K;
@@ -74,6 +75,7 @@ extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
     rmsnorm(const float* __restrict__ x, const long long* __restrict__ idx, const float* __restrict__ w,
             float* __restrict__ out, uint32_t* __restrict__ out16, int H, float eps) {
     __shared__ float sh[TF_NORM_THREADS / 32];
+    tf_after_prior();
     const int r = blockIdx.x;
     const float* xr = x + (size_t)(idx ? idx[r] : r) * H;
     float* o = out + (size_t)r * H;
@@ -139,6 +141,7 @@ extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, i
                                     const unsigned long long* k_base, const unsigned long long* v_base,
                                     const long long* cap, int layer, float* q_out) {
     __shared__ float v[512];
+    tf_after_prior();
     const int r = blockIdx.x, hv = blockIdx.y, lane = threadIdx.x;
     const int qw = heads * hd, kvw = kv_heads * hd, width = qw + 2 * kvw;
     const float* src = qkv + (size_t)r * width + (size_t)hv * hd;
@@ -492,6 +495,7 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
              const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,       \
              const unsigned long long* v_base, const long long* cap, int layer, float* out,              \
              uint32_t* out16, int M, int rows, int hb, int stage) {                                      \
+        tf_after_prior();                                                                                \
         tf_attention<NT>(q, heads, kv_heads, hd, scale, row_pos, row_seq, k_base, v_base, cap, layer, out, \
                          out16, M, rows, hb, stage);                                                     \
     }
@@ -565,6 +569,7 @@ __device__ __forceinline__ void tf_attention_split(const float* __restrict__ q, 
              const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,         \
              const unsigned long long* v_base, const long long* cap, int layer, float* out,                \
              uint32_t* out16) {                                                                            \
+        tf_after_prior();                                                                                  \
         tf_attention_split<NT>(q, heads, kv_heads, hd, scale, row_pos, row_seq, k_base, v_base, cap, layer, \
                                out, out16);                                                                \
     }
@@ -575,13 +580,14 @@ TF_ATTENTION_SPLIT(attention_split_128, 4)
 // And the same in f16 to `act16` (tf_store_h16) unless it is null, which
 // needs ff a multiple of 32 (so a row's fours sit in four lanes of a warp).
 extern "C" __global__ void silu_mul(const float* gu, float* act, uint32_t* act16, int M, int ff) {
+    tf_after_prior();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool in = i < (size_t)M * ff;
     const size_t r = i / ff, e = i % ff;
     float a = 0.f;
     if (in) {
         const float g = gu[r * 2 * ff + e], u = gu[r * 2 * ff + ff + e];
-        a = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+        a = tf_silu_mul(g, u);
         act[i] = a;
     }
     if (act16) {

@@ -1,5 +1,6 @@
 // Row-invariant matrix product on tensor cores, for the GGUF quantized
-// formats: y[i, off + j] (+)= sum_k x[i, k] * W[j, k].
+// formats: y[i, off + j] (+)= sum_k x[i, k] * W[j, k], or, for gate and up
+// rows interleaved, y = silu(gate) * up (TF_OUT_GATED).
 //
 // A weight unit (32 inputs) is a scale times small integers, plus an
 // offset for Q4_1 and Q4_K: w = a q + m. The integers are exact in f16, so
@@ -27,6 +28,8 @@
 #define TF_SEG 8
 static_assert(TF_SEG * 32 == 256, "a Q4_K segment is one super-block");
 #define TF_MANY_WARPS 4
+// Weight buffers per warp of the few-row kernel (FEW_STAGES in device.rs).
+#define TF_FEW_STAGES 2
 
 // d += A * B for one 16 x 8 tile (A: 16 weight rows x 16 inputs, B: 16
 // inputs x 8 input rows).
@@ -269,20 +272,43 @@ __device__ __forceinline__ void tf_seg_sum(const uint8_t* lo, const uint8_t* hi,
     }
 }
 
-__device__ __forceinline__ void tf_store(float* y, int M, int N, int ldy, int accumulate, int i, int j, float v) {
+// How a product lands in y (`mode`, TF_OUT_* of device.rs's `Out`):
+// stored, added to what is there, or gated: the weight rows are gate and up
+// rows interleaved by 8 (rows 16b + g and 16b + 8 + g of each 16-row block
+// are gate and up row 8b + g), and y gets silu(gate) * up, N / 2 columns,
+// with its f16 copy in y16 (tf_store_h16's layout) unless that is null.
+#define TF_OUT_SET 0
+#define TF_OUT_ADD 1
+#define TF_OUT_GATED 2
+
+__device__ __forceinline__ void tf_store(float* y, int M, int N, int ldy, int mode, int i, int j, float v) {
     if (i < M && j < N) {
         float* o = y + (size_t)i * ldy + j;
-        *o = accumulate ? __fadd_rn(*o, v) : v;
+        *o = mode == TF_OUT_ADD ? __fadd_rn(*o, v) : v;
     }
 }
 // A 16 x 8 tile's sums, weight rows j, j + 8 by input rows i, i + 1 (the
-// accumulator slots of thread (g, t), with j = j0 + g and i = i0 + 2t).
-__device__ __forceinline__ void tf_store_tile(float* y, int M, int N, int ldy, int accumulate, int i, int j,
-                                              const float v[4]) {
-    tf_store(y, M, N, ldy, accumulate, i, j, v[0]);
-    tf_store(y, M, N, ldy, accumulate, i + 1, j, v[1]);
-    tf_store(y, M, N, ldy, accumulate, i, j + 8, v[2]);
-    tf_store(y, M, N, ldy, accumulate, i + 1, j + 8, v[3]);
+// accumulator slots of thread (g, t), with j = j0 + g, j0 a multiple of 16,
+// and i = i0 + 2t).
+__device__ __forceinline__ void tf_store_tile(float* y, uint32_t* y16, int M, int N, int ldy, int mode, int i,
+                                              int j, const float v[4]) {
+    if (mode == TF_OUT_GATED) {
+        // Weight rows j and j + 8 are gate and up of column e.
+        const int e = (j >> 4) * 8 + (j & 7);
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            if (i + r < M && e < N / 2) {
+                const float a = tf_silu_mul(v[r], v[2 + r]);
+                y[(size_t)(i + r) * ldy + e] = a;
+                if (y16) tf_store_h16_one(y16 + (size_t)(i + r) * (ldy / 2), e, a);
+            }
+        }
+        return;
+    }
+    tf_store(y, M, N, ldy, mode, i, j, v[0]);
+    tf_store(y, M, N, ldy, mode, i + 1, j, v[1]);
+    tf_store(y, M, N, ldy, mode, i, j + 8, v[2]);
+    tf_store(y, M, N, ldy, mode, i + 1, j + 8, v[3]);
 }
 
 // 16-byte words that hold any segment of a row wherever it starts: the
@@ -294,9 +320,9 @@ __host__ __device__ constexpr int tf_seg_words() {
 
 // A warp's copies of segments of `R` consecutive weight rows (from j0,
 // clamped at the last) into shared memory, tf_seg_words 16-byte words a
-// row, two buffers: while the units of one are decoded, the next segment
-// lands in the other. Aligned 16-byte copies of whole sectors; only the
-// words holding the segment's bytes are read.
+// row, in buffers k = 0, 1, ...: while the units of one are decoded, the
+// next segments land in the others. Aligned 16-byte copies of whole
+// sectors; only the words holding the segment's bytes are read.
 template <int FMT, int R>
 struct TfSegCopy {
     static constexpr int QW = tf_seg_words<FMT>();
@@ -331,107 +357,158 @@ struct TfSegCopy {
     }
 };
 
-// Few rows (TN tiles of 8 input rows per block row): a block owns 16
-// weight rows, its warps take segments w, w + warps, ... (copied as
-// TfSegCopy does) and leave their sums in shared memory; then warp n adds
-// tile n's in segment order. Dynamic shared memory: TN * 512 bytes per
-// segment, then 2 * 256 * tf_seg_words bytes per warp (weight buffers are
-// padded so the last word read stays inside them).
+// Few rows (TN tiles of 8 input rows per block row): a weight block is 16
+// weight rows; a block takes weight blocks blockIdx.x, + gridDim.x, ...
+// (one each when the grid covers them all). For each, its warps take
+// segments w, w + warps, ... and leave their sums in shared memory; then
+// warp n adds tile n's in segment order. A warp's segments, over all its
+// weight blocks, are its items: it copies them as TfSegCopy does into
+// TF_FEW_STAGES buffers, that many less one ahead of the one it decodes,
+// so the next weight block's first segments are in flight while this
+// one's sums are added. Dynamic shared memory: TN * 512 bytes per segment,
+// then TF_FEW_STAGES * 256 * tf_seg_words bytes per warp (weight buffers
+// are padded so the last word read stays inside them).
 template <int FMT, int TN>
 __device__ __forceinline__ void tf_mma_few(const uint8_t* __restrict__ W, const uint4* __restrict__ x,
-                                           float* __restrict__ y, int M, int N, int K, int ldy,
-                                           int accumulate) {
+                                           float* __restrict__ y, uint32_t* __restrict__ y16, int M,
+                                           int N, int K, int ldy, int mode) {
+    constexpr int S = TF_FEW_STAGES;
     extern __shared__ float4 part[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int i0 = blockIdx.y * 8 * TN;
-    const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
-    uint4* buffers = reinterpret_cast<uint4*>(part + segs * TN * 32) + warp * 2 * 16 * TfSegCopy<FMT, 16>::QW;
-    const TfSegCopy<FMT, 16> copy{W, tf_row_bytes(FMT, K), (int)blockIdx.x * 16, N, units, buffers,
-                                  tf_shared_addr(buffers)};
+    const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG, blocks = (N + 15) / 16;
+    uint4* buffers = reinterpret_cast<uint4*>(part + segs * TN * 32) + warp * S * 16 * TfSegCopy<FMT, 16>::QW;
+    const uint32_t to = tf_shared_addr(buffers);
+    const size_t rb = tf_row_bytes(FMT, K);
+    // The copies of weight block wb's segments.
+    auto copy_of = [&](int wb) { return TfSegCopy<FMT, 16>{W, rb, 16 * wb, N, units, buffers, to}; };
+    // This warp's segments of each weight block, and a start of copying
+    // its item n into buffer n % S (an empty group past the last).
+    const int per = warp < segs ? (segs - 1 - warp) / warps + 1 : 0;
+    auto fetch = [&](int n) {
+        const int wb = per ? (int)blockIdx.x + n / per * (int)gridDim.x : blocks;
+        if (wb < blocks)
+            copy_of(wb).fetch(warp + n % per * warps, n % S, lane);
+        else
+            tf_cp_commit();
+    };
     const uint4* xr[TN];
 #pragma unroll
     for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * (K / 8);
-    copy.fetch(warp, 0, lane);
-    for (int s = warp, k = 0; s < segs; s += warps, k ^= 1) {
-        copy.fetch(s + warps, k ^ 1, lane);
-        tf_cp_wait_all_but_one();
-        __syncwarp();
-        const uint8_t* lo = copy.row(g, s, k);
-        const uint8_t* hi = copy.row(g + 8, s, k);
-        const TfSegHead head_lo = tf_seg_head<FMT>(lo), head_hi = tf_seg_head<FMT>(hi);
-        const int u0 = s * TF_SEG, n_units = min(TF_SEG, units - u0);
-        float d1[TN][4] = {}, d2[TN][4] = {};
+    tf_launch_next();
+    // The weights are no kernel's output: their copies start before the
+    // wait for the inputs.
 #pragma unroll
-        for (int wu = 0; wu < TF_SEG; wu++) {
-            if (wu >= n_units) break;
-            const TfQUnit wl = tf_qunit<FMT>(lo, tf_unit_scales<FMT>(head_lo, wu), wu, t),
-                          wh = tf_qunit<FMT>(hi, tf_unit_scales<FMT>(head_hi, wu), wu, t);
+    for (int n = 0; n < S - 1; n++) fetch(n);
+    tf_wait_prior();
+    int item = 0;
+    for (int wb = blockIdx.x; wb < blocks; wb += gridDim.x) {
+        const TfSegCopy<FMT, 16> copy = copy_of(wb);
+        for (int s = warp; s < segs; s += warps, item++) {
+            fetch(item + S - 1);
+            tf_cp_wait<S - 1>();
+            __syncwarp();
+            const int k = item % S;
+            const uint8_t* lo = copy.row(g, s, k);
+            const uint8_t* hi = copy.row(g + 8, s, k);
+            const TfSegHead head_lo = tf_seg_head<FMT>(lo), head_hi = tf_seg_head<FMT>(hi);
+            const int u0 = s * TF_SEG, n_units = min(TF_SEG, units - u0);
+            float d1[TN][4] = {}, d2[TN][4] = {};
+#pragma unroll
+            for (int wu = 0; wu < TF_SEG; wu++) {
+                if (wu >= n_units) break;
+                const TfQUnit wl = tf_qunit<FMT>(lo, tf_unit_scales<FMT>(head_lo, wu), wu, t),
+                              wh = tf_qunit<FMT>(hi, tf_unit_scales<FMT>(head_hi, wu), wu, t);
+#pragma unroll
+                for (int n = 0; n < TN; n++) {
+                    uint32_t b[2][2];
+                    float sums[4];
+                    tf_b_frags(xr[n], u0 + wu, t, b);
+                    tf_unit_sums<FMT>(b, sums);
+                    tf_unit_add<FMT>(wl, wh, b, sums, d1[n], d2[n]);
+                }
+            }
 #pragma unroll
             for (int n = 0; n < TN; n++) {
-                uint32_t b[2][2];
-                float sums[4];
-                tf_b_frags(xr[n], u0 + wu, t, b);
-                tf_unit_sums<FMT>(b, sums);
-                tf_unit_add<FMT>(wl, wh, b, sums, d1[n], d2[n]);
+                float d[4];
+                tf_seg_sum<FMT>(lo, hi, d1[n], d2[n], d);
+                part[(s * TN + n) * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
             }
+            __syncwarp();  // every lane is done with this buffer before it is refilled
         }
-#pragma unroll
-        for (int n = 0; n < TN; n++) {
-            float d[4];
-            tf_seg_sum<FMT>(lo, hi, d1[n], d2[n], d);
-            part[(s * TN + n) * 32 + lane] = make_float4(d[0], d[1], d[2], d[3]);
+        __syncthreads();  // every segment's sums are in
+        for (int n = warp; n < TN; n += warps) {
+            float v[4] = {};
+            for (int s = 0; s < segs; s++) {
+                const float4 p = part[(s * TN + n) * 32 + lane];
+                v[0] = __fadd_rn(v[0], p.x);
+                v[1] = __fadd_rn(v[1], p.y);
+                v[2] = __fadd_rn(v[2], p.z);
+                v[3] = __fadd_rn(v[3], p.w);
+            }
+            tf_store_tile(y, y16, M, N, ldy, mode, i0 + 8 * n + 2 * t, 16 * wb + g, v);
         }
-        __syncwarp();  // every lane is done with this buffer before it is refilled
-    }
-    __syncthreads();
-    const int j0 = blockIdx.x * 16;
-    for (int n = warp; n < TN; n += warps) {
-        float v[4] = {};
-        for (int s = 0; s < segs; s++) {
-            const float4 p = part[(s * TN + n) * 32 + lane];
-            v[0] = __fadd_rn(v[0], p.x);
-            v[1] = __fadd_rn(v[1], p.y);
-            v[2] = __fadd_rn(v[2], p.z);
-            v[3] = __fadd_rn(v[3], p.w);
-        }
-        tf_store_tile(y, M, N, ldy, accumulate, i0 + 8 * n + 2 * t, j0 + g, v);
+        __syncthreads();  // the sums are read before the next block's land
     }
 }
 
+// A block's input rows of one segment in shared memory: 32 16-byte words
+// a row (8 units, 4 words a unit, as tf_store_h16 lays them), the word
+// index xor 4 in odd rows so that the 16-byte loads of two rows fall in
+// distinct banks.
+__device__ __forceinline__ int tf_x_word(int row, int w) { return 32 * row + (w ^ ((row & 1) << 2)); }
+
 // Many rows: a warp owns 16 * TC weight rows by 8 * TN input rows and walks
-// the segments in order itself (copied as TfSegCopy does), keeping the
-// running total beside the segment's sum; a block is TF_MANY_WARPS warps
-// side by side over weight rows, sharing their input rows through L1.
-// Dynamic shared memory: 2 * 256 * TC * tf_seg_words bytes per warp.
+// the segments in order itself (its weight rows copied as TfSegCopy does),
+// keeping the running total beside the segment's sum; a block is
+// TF_MANY_WARPS warps side by side over weight rows, sharing their input
+// rows: the block copies each segment of them to shared memory once, the
+// next while one is used. Warps past the last weight row run along (their
+// copies clamp to it) and store nothing. Dynamic shared memory: two
+// 512-byte segments per input row, then 2 * 256 * TC * tf_seg_words bytes
+// per warp.
 template <int FMT, int TC, int TN>
 __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const uint4* __restrict__ x,
-                                            float* __restrict__ y, int M, int N, int K, int ldy,
-                                            int accumulate) {
+                                            float* __restrict__ y, uint32_t* __restrict__ y16, int M,
+                                            int N, int K, int ldy, int mode) {
     extern __shared__ float4 staged[];
-    constexpr int R = 16 * TC;
+    tf_after_prior();
+    constexpr int R = 16 * TC, XR = 8 * TN;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int j0 = (blockIdx.x * TF_MANY_WARPS + warp) * R, i0 = blockIdx.y * 8 * TN;
-    if (j0 >= N) return;
     const int units = K >> 5, segs = (units + TF_SEG - 1) / TF_SEG;
-    uint4* buffers = reinterpret_cast<uint4*>(staged) + warp * 2 * R * TfSegCopy<FMT, R>::QW;
+    uint4* xs = reinterpret_cast<uint4*>(staged);
+    uint4* buffers = xs + 2 * XR * 32 + warp * 2 * R * TfSegCopy<FMT, R>::QW;
     const TfSegCopy<FMT, R> copy{W, tf_row_bytes(FMT, K), j0, N, units, buffers, tf_shared_addr(buffers)};
-    const uint4* xr[TN];
-#pragma unroll
-    for (int n = 0; n < TN; n++) xr[n] = x + (size_t)min(i0 + 8 * n + g, M - 1) * (K / 8);
+    const uint32_t xs_to = tf_shared_addr(xs);
+    // Starts copying segment s of the block's input rows into buffer k
+    // (committed with the weights' copies).
+    auto fetch_x = [&](int s, int k) {
+        const int words = 4 * min(TF_SEG, units - s * TF_SEG);
+        for (int f = threadIdx.x; f < XR * 32; f += TF_MANY_WARPS * 32) {
+            const int row = f >> 5, w = f & 31;
+            if (s < segs && w < words)
+                tf_cp16_to(xs_to + 16 * (k * XR * 32 + tf_x_word(row, w)),
+                           x + (size_t)min(i0 + row, M - 1) * (K / 8) + 32 * s + w);
+        }
+    };
     float total[TC][TN][4] = {};
+    fetch_x(0, 0);
     copy.fetch(0, 0, lane);
     for (int s = 0, k = 0; s < segs; s++, k ^= 1) {
+        fetch_x(s + 1, k ^ 1);
         copy.fetch(s + 1, k ^ 1, lane);
         tf_cp_wait_all_but_one();
-        __syncwarp();
+        __syncthreads();  // every thread's copies of segment s have landed
         const uint8_t *lo[TC], *hi[TC];
 #pragma unroll
         for (int c = 0; c < TC; c++) {
             lo[c] = copy.row(16 * c + g, s, k);
             hi[c] = copy.row(16 * c + g + 8, s, k);
         }
+        const uint4* xk = xs + k * XR * 32;
         float d1[TC][TN][4] = {}, d2[TC][TN][4] = {};
 #pragma unroll 2
         for (int wu = 0; wu < TF_SEG; wu++) {
@@ -441,7 +518,11 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
             float sums[TN][4];
 #pragma unroll
             for (int n = 0; n < TN; n++) {
-                tf_b_frags(xr[n], u, t, b[n]);
+                const uint4 v = xk[tf_x_word(8 * n + g, 4 * wu + t)];
+                b[n][0][0] = v.x;
+                b[n][0][1] = v.y;
+                b[n][1][0] = v.z;
+                b[n][1][1] = v.w;
                 tf_unit_sums<FMT>(b[n], sums[n]);
             }
 #pragma unroll
@@ -462,36 +543,39 @@ __device__ __forceinline__ void tf_mma_many(const uint8_t* __restrict__ W, const
 #pragma unroll
                 for (int e = 0; e < 4; e++) total[c][n][e] = __fadd_rn(total[c][n][e], d[e]);
             }
-        __syncwarp();  // every lane is done with this buffer before it is refilled
+        __syncthreads();  // every thread is done with buffer k before it is refilled
     }
 #pragma unroll
     for (int c = 0; c < TC; c++)
 #pragma unroll
         for (int n = 0; n < TN; n++) {
-            tf_store_tile(y, M, N, ldy, accumulate, i0 + 8 * n + 2 * t, j0 + 16 * c + g, total[c][n]);
+            tf_store_tile(y, y16, M, N, ldy, mode, i0 + 8 * n + 2 * t, j0 + 16 * c + g, total[c][n]);
         }
 }
 
-#define TF_TC_FEW(NAME, FMT, TN, SUFFIX)                                                       \
-    extern "C" __global__ void __launch_bounds__(256)                                          \
-        NAME##_few##SUFFIX(const uint8_t* W, const uint4* x, float* y, int M, int N, int K,     \
-                           int ldy, int accumulate) {                                          \
-        tf_mma_few<FMT, TN>(W, x, y, M, N, K, ldy, accumulate);                                \
+// The launch bounds follow the kernel's arguments: the one-tile few-row
+// kernels are held to three blocks of 256 threads per multiprocessor (80
+// registers), where ptxas left alone may pick 64 with a spill.
+#define TF_TC_FEW(NAME, FMT, TN, SUFFIX, ...)                                         \
+    extern "C" __global__ void __launch_bounds__(__VA_ARGS__)                         \
+        NAME##_few##SUFFIX(const uint8_t* W, const uint4* x, float* y, uint32_t* y16, \
+                           int M, int N, int K, int ldy, int mode) {                  \
+        tf_mma_few<FMT, TN>(W, x, y, y16, M, N, K, ldy, mode);                        \
     }
 
-#define TF_TC_MANY(NAME, FMT, TC, TN)                                                          \
-    extern "C" __global__ void __launch_bounds__(TF_MANY_WARPS * 32)                           \
-        NAME##_m##TC##x##TN(const uint8_t* W, const uint4* x, float* y, int M, int N, int K,    \
-                            int ldy, int accumulate) {                                         \
-        tf_mma_many<FMT, TC, TN>(W, x, y, M, N, K, ldy, accumulate);                           \
+#define TF_TC_MANY(NAME, FMT, TC, TN)                                                  \
+    extern "C" __global__ void __launch_bounds__(TF_MANY_WARPS * 32, 3)                \
+        NAME##_m##TC##x##TN(const uint8_t* W, const uint4* x, float* y, uint32_t* y16, \
+                            int M, int N, int K, int ldy, int mode) {                  \
+        tf_mma_many<FMT, TC, TN>(W, x, y, y16, M, N, K, ldy, mode);                    \
     }
 
-#define TF_TC_ALL(NAME, FMT)       \
-    TF_TC_FEW(NAME, FMT, 1, )      \
-    TF_TC_FEW(NAME, FMT, 2, 2)     \
-    TF_TC_FEW(NAME, FMT, 4, 4)     \
-    TF_TC_MANY(NAME, FMT, 2, 4)    \
-    TF_TC_MANY(NAME, FMT, 1, 4)    \
+#define TF_TC_ALL(NAME, FMT)              \
+    TF_TC_FEW(NAME, FMT, 1, , 256, 3)     \
+    TF_TC_FEW(NAME, FMT, 2, 2, 256)       \
+    TF_TC_FEW(NAME, FMT, 4, 4, 256)       \
+    TF_TC_MANY(NAME, FMT, 2, 4)           \
+    TF_TC_MANY(NAME, FMT, 1, 4)           \
     TF_TC_MANY(NAME, FMT, 2, 2)
 
 TF_TC_ALL(tc_q4_0, TF_Q4_0)

@@ -2,16 +2,17 @@
 //! memory (no file to carry): decode tokens/s against the bandwidth bound,
 //! prefill tokens/s, and aggregate tokens/s of batched streams.
 //!
-//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode] [fma] [profile]`
+//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode] [fma] [profile] [grids]`
 //! (`decode` stops after the decode cell; `fma` measures the f32
 //! multiply-add matmuls beside the tensor-core ones; `profile` prints device
-//! time by kernel for decode and for a prefill chunk). Built with
+//! time by kernel for decode and for a prefill chunk; `grids` compares
+//! decode and 16 streams under several few-row grids). Built with
 //! `--features stock`, every cell is also measured on candle's own quantized
 //! CUDA path (candle-transformers' quantized Llama, which switches kernels
 //! by row count) over the same weights, and the ratio is printed.
 
 use std::time::Instant;
-use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel, MatmulKernels};
+use tensorfold_cuda::{measure_copy_bandwidth, CudaKv, CudaModel, FewRowGrid, MatmulKernels};
 use tensorfold_models::{Arch, Block, Format, Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::Matrix;
 
@@ -171,7 +172,7 @@ fn main() {
         let mut all = Vec::new();
         for kernels in kinds {
             let t = Instant::now();
-            let g = CudaModel::upload_with(&model, 0, kernels).unwrap();
+            let mut g = CudaModel::upload_with(&model, 0, kernels).unwrap();
             println!(
                 "\n{} ({}, {:?} matmuls, {:.2} GB weights, {:.2} GB read per token): built {:.1?}, uploaded {:.1?}",
                 shape.name,
@@ -185,6 +186,9 @@ fn main() {
             all.push(cells(&g, &toks, bw, flag("decode")));
             if flag("profile") {
                 profile(&g, &toks);
+            }
+            if flag("grids") && kernels == MatmulKernels::TensorCores {
+                grid_sweep(&mut g, &toks);
             }
         }
         if let [tc, fma] = &all[..] {
@@ -217,11 +221,8 @@ fn main() {
     }
 }
 
-/// Decode, an 8-row call, prefill at 2k and 8k and 16 streams on `g`
-/// (only decode when `decode_only`).
-fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
-    let mut ours = Cells::default();
-    // Decode: 128-token prompt, then one token per forward.
+/// Decode tokens/s: a 128-token prompt, then one token per forward.
+fn decode(g: &CudaModel, toks: &[u32]) -> f64 {
     let mut kv = g.new_cache();
     prefill(g, &mut kv, &toks[..128], 256);
     for t in &toks[128..136] {
@@ -232,21 +233,32 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
     for t in &toks[136..136 + n] {
         g.forward(&[*t], &mut kv, Logits::Last).unwrap();
     }
-    let s = t.elapsed().as_secs_f64();
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Decode, an 8-row call, prefill at 2k and 8k and 16 streams on `g`
+/// (only decode when `decode_only`).
+fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
+    let mut ours = Cells {
+        decode: decode(g, toks),
+        ..Cells::default()
+    };
     let bound = bw / g.bytes_per_token() as f64;
-    ours.decode = n as f64 / s;
     println!(
         "decode: {:.1} tok/s ({:.3} ms/token); bandwidth bound {:.1} tok/s; {:.0}% of bound",
-        n as f64 / s,
-        1e3 * s / n as f64,
+        ours.decode,
+        1e3 / ours.decode,
         bound,
-        100.0 * n as f64 / s / bound
+        100.0 * ours.decode / bound
     );
     if decode_only {
         return ours;
     }
 
-    // Verification-sized calls: 8 rows per forward.
+    // Verification-sized calls: 8 rows per forward, after the decode
+    // cell's 264 positions.
+    let mut kv = g.new_cache();
+    prefill(g, &mut kv, &toks[..264], 256);
     let t = Instant::now();
     let reps = 32;
     for i in 0..reps {
@@ -272,7 +284,18 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
         println!("prefill {len}: {:.0} tok/s ({:.2} s)", len as f64 / s, s);
     }
 
-    // 16 streams, one token each per forward, after 128-token prompts.
+    ours.streams = streams(g, toks);
+    println!(
+        "16 streams: {:.1} tok/s aggregate ({:.3} ms per round)",
+        ours.streams,
+        16e3 / ours.streams
+    );
+    ours
+}
+
+/// Aggregate tokens/s of 16 streams, one token each per forward, after
+/// 128-token prompts.
+fn streams(g: &CudaModel, toks: &[u32]) -> f64 {
     let streams = 16;
     let mut caches: Vec<CudaKv> = (0..streams).map(|_| g.new_cache()).collect();
     for (i, kv) in caches.iter_mut().enumerate() {
@@ -288,14 +311,34 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
     for r in 1..=rounds {
         step(r);
     }
-    let s = t.elapsed().as_secs_f64();
-    ours.streams = (streams * rounds) as f64 / s;
-    println!(
-        "{streams} streams: {:.1} tok/s aggregate ({:.3} ms per round)",
-        (streams * rounds) as f64 / s,
-        1e3 * s / rounds as f64
-    );
-    ours
+    (streams * rounds) as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Decode and 16 streams under each few-row grid, in alternating passes,
+/// as ratios to a block per weight block.
+fn grid_sweep(g: &mut CudaModel, toks: &[u32]) {
+    let grids = [
+        FewRowGrid::PerWeightBlock,
+        FewRowGrid::Waves(1),
+        FewRowGrid::Waves(2),
+        FewRowGrid::Waves(4),
+    ];
+    let mut best = vec![(0.0f64, 0.0f64); grids.len()];
+    for _pass in 0..2 {
+        for (i, grid) in grids.iter().enumerate() {
+            g.set_few_row_grid(*grid);
+            let (d, s) = (decode(g, toks), streams(g, toks));
+            best[i] = (best[i].0.max(d), best[i].1.max(s));
+        }
+    }
+    g.set_few_row_grid(FewRowGrid::from_env());
+    for (grid, (d, s)) in grids.iter().zip(&best) {
+        println!(
+            "few-row grid {grid:?}: decode {d:.1} tok/s ({:.3}x), 16 streams {s:.1} tok/s ({:.3}x)",
+            d / best[0].0,
+            s / best[0].1
+        );
+    }
 }
 
 /// One forward of every stream in `caches`, stream i taking `next[i]`.

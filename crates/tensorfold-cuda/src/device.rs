@@ -1,12 +1,14 @@
 //! The model on the device, its per-sequence caches and the forward.
 
+use crate::launch::Launch;
 use crate::CudaError;
 use cudarc::driver::sys::{
-    CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags, CUstreamCaptureMode,
+    CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags,
+    CUstreamCaptureMode,
 };
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    LaunchConfig, PushKernelArg,
+    LaunchConfig,
 };
 use cudarc::nvrtc::Ptx;
 use std::borrow::Cow;
@@ -138,18 +140,23 @@ const FEW_SHARED_MAX: usize = 200 << 10;
 /// whole aligned 16-byte words, up to 15 bytes past a row's last block.
 const WEIGHT_PAD: usize = 32;
 
+/// Weight buffers of a few-row warp (`TF_FEW_STAGES`): one decoded while
+/// the others are in flight.
+const FEW_STAGES: usize = 2;
+
 /// Dynamic shared memory of a few-row block: every segment's partial
-/// sums (512 bytes an input tile), then each warp's two copies (one
-/// decoded, one in flight) of 16 rows of one segment (`tf_seg_words`
-/// 16-byte words a row).
+/// sums (512 bytes an input tile), then each warp's `FEW_STAGES` copies
+/// of 16 rows of one segment (`tf_seg_words` 16-byte words a row).
 fn few_shared(format: Format, segments: usize, warps: usize, tiles: usize) -> usize {
-    segments * tiles * 512 + warps * 2 * 16 * segment_words(format) * 16
+    segments * tiles * 512 + warps * FEW_STAGES * 16 * segment_words(format) * 16
 }
 
-/// Dynamic shared memory of a many-row block with 16 `c`-row weight tiles
-/// per warp: each warp's two copies of its rows of one segment.
-fn many_shared(format: Format, c: usize) -> usize {
-    MANY_WARPS * 2 * 16 * c * segment_words(format) * 16
+/// Dynamic shared memory of a many-row block with `c` 16-row weight tiles
+/// and `n` 8-row input tiles per warp: two copies (one in use, one in
+/// flight) of the block's input rows of one segment (512 bytes a row), then
+/// each warp's two copies of its weight rows of one segment.
+fn many_shared(format: Format, c: usize, n: usize) -> usize {
+    2 * 8 * n * 512 + MANY_WARPS * 2 * 16 * c * segment_words(format) * 16
 }
 
 /// 16-byte words that hold a row's segment wherever it starts
@@ -284,8 +291,46 @@ fn many_tile() -> (usize, usize) {
         .unwrap_or(MANY_TILES[0])
 }
 
+/// How many blocks a few-row tensor-core matmul launches. A block may
+/// walk several 16-row weight blocks, its copies running ahead across
+/// them; the bits never change with the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FewRowGrid {
+    /// A block per weight block (the default).
+    PerWeightBlock,
+    /// `n` waves of the blocks the device holds at once.
+    Waves(usize),
+    /// At most `n` blocks.
+    Blocks(usize),
+}
+
+impl FewRowGrid {
+    /// `TENSORFOLD_CUDA_FEW_WAVES=n` picks [`FewRowGrid::Waves`], for
+    /// tuning; anything else (or nothing) [`FewRowGrid::PerWeightBlock`].
+    pub fn from_env() -> FewRowGrid {
+        std::env::var("TENSORFOLD_CUDA_FEW_WAVES")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .filter(|&w| w > 0)
+            .map_or(FewRowGrid::PerWeightBlock, FewRowGrid::Waves)
+    }
+}
+
+/// `TENSORFOLD_CUDA_EARLY_LAUNCH=0` keeps every kernel from starting before
+/// the previous one ends; anything else (or nothing) lets them, on GPUs
+/// that can (compute capability 9 and later). Bits do not change with it.
+fn early_launch_from_env() -> bool {
+    std::env::var("TENSORFOLD_CUDA_EARLY_LAUNCH").as_deref() != Ok("0")
+}
+
 struct Kernels {
     _modules: [Arc<CudaModule>; 3],
+    /// The device's streaming multiprocessors.
+    multiprocessors: usize,
+    few_grid: FewRowGrid,
+    /// Whether kernels may launch before the previous one ends
+    /// (programmatic dependent launch; see `launch.rs`).
+    early: bool,
     /// `[format][tile]`.
     matmul: Vec<Vec<CudaFunction>>,
     /// f32 rows of any width (not a multiple of 32).
@@ -335,7 +380,7 @@ impl Kernels {
             let many = tc.load_function(&format!("tc_{name}_m{c}x{n}"))?;
             many.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                many_shared(format, c) as i32,
+                many_shared(format, c, n) as i32,
             )?;
             tensor.push(Some(TensorKernels { few, many }));
         }
@@ -365,7 +410,14 @@ impl Kernels {
             )?;
             Ok(f)
         };
+        let multiprocessors =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
+        let major =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         Ok(Kernels {
+            multiprocessors,
+            few_grid: FewRowGrid::from_env(),
+            early: major >= 9 && early_launch_from_env(),
             matmul,
             matmul_any: mm.load_function("mm_f32_any")?,
             staged: staged_tile(),
@@ -384,6 +436,35 @@ impl Kernels {
     }
 }
 
+/// How a product lands in its output (`TF_OUT_*` in tensor.cu).
+#[derive(Clone, Copy)]
+enum Out {
+    /// Stored.
+    Set,
+    /// Added to what is there (the residual stream).
+    Add,
+    /// The weight rows are gate and up interleaved (`Linear::gated`); the
+    /// output is silu(gate) * up, with its f16 copy at the address unless
+    /// that is 0. Tensor-core kernels only.
+    Gated(u64),
+}
+
+impl Out {
+    fn mode(self) -> i32 {
+        match self {
+            Out::Set => 0,
+            Out::Add => 1,
+            Out::Gated(_) => 2,
+        }
+    }
+    fn y16(self) -> u64 {
+        match self {
+            Out::Gated(y16) => y16,
+            _ => 0,
+        }
+    }
+}
+
 /// A weight matrix in device memory, bytes exactly as GGUF stores them.
 struct DevMatrix {
     code: usize,
@@ -398,6 +479,10 @@ struct DevMatrix {
 struct Linear {
     parts: Vec<(DevMatrix, usize)>,
     width: usize,
+    /// gate | up as one tensor-core matrix whose 16-row blocks hold 8 gate
+    /// rows, then the 8 up rows of the same columns: its product lands as
+    /// silu(gate) * up (`Out::Gated`), `width / 2` columns.
+    gated: bool,
 }
 
 struct DevBlock {
@@ -659,6 +744,7 @@ impl CudaModel {
                 return Ok(Linear {
                     parts: vec![(fused, 0)],
                     width,
+                    gated: false,
                 });
             }
             let mut parts = Vec::new();
@@ -667,7 +753,42 @@ impl CudaModel {
                 parts.push((mat(m)?, off));
                 off += m.rows();
             }
-            Ok(Linear { parts, width })
+            Ok(Linear {
+                parts,
+                width,
+                gated: false,
+            })
+        };
+        // gate | up, interleaved by 8 rows where the tensor cores multiply
+        // them as one matrix, so that the SiLU runs in the product's store.
+        let gate_up = |gate: &Matrix, up: &Matrix| -> Result<Linear> {
+            let (g, u) = (on_device(gate)?, on_device(up)?);
+            let (ff, code) = (g.rows(), fmt_code(g.format())?);
+            if g.format() != u.format()
+                || u.rows() != ff
+                || !ff.is_multiple_of(8)
+                || k.tensor[code].is_none()
+            {
+                return linear(&[gate, up]);
+            }
+            let (gb, ub) = (matrix_bytes(&g), matrix_bytes(&u));
+            let rb = gb.len() / ff;
+            let mut bytes = Vec::with_capacity(gb.len() + ub.len());
+            for b in (0..ff).step_by(8) {
+                bytes.extend_from_slice(&gb[b * rb..(b + 8) * rb]);
+                bytes.extend_from_slice(&ub[b * rb..(b + 8) * rb]);
+            }
+            let fused = DevMatrix {
+                code,
+                rows: 2 * ff,
+                cols: g.cols(),
+                data: stream.clone_htod(&padded(bytes))?,
+            };
+            Ok(Linear {
+                parts: vec![(fused, 0)],
+                width: 2 * ff,
+                gated: true,
+            })
         };
 
         let mut blocks = Vec::with_capacity(model.blocks.len());
@@ -682,7 +803,7 @@ impl CudaModel {
                 k_norm: opt(&b.k_norm)?,
                 o: mat(&b.o)?,
                 ffn_norm: vec(&b.ffn_norm)?,
-                gate_up: linear(&[&b.gate, &b.up])?,
+                gate_up: gate_up(&b.gate, &b.up)?,
                 down: mat(&b.down)?,
             });
         }
@@ -749,6 +870,26 @@ impl CudaModel {
     pub fn device_memory(&self) -> Result<(usize, usize)> {
         self.ctx.bind_to_thread()?;
         Ok(cudarc::driver::result::mem_get_info()?)
+    }
+
+    /// Sets how many blocks few-row matmuls launch (see [`FewRowGrid`]);
+    /// the logits keep their bits.
+    pub fn set_few_row_grid(&mut self, grid: FewRowGrid) {
+        self.k.few_grid = grid;
+        // Captured graphs hold the old grids.
+        self.scratch.get_mut().expect("scratch lock").graphs.clear();
+    }
+
+    /// Lets kernels start before the previous one ends (on GPUs of compute
+    /// capability 9 and later) or not; the logits keep their bits.
+    pub fn set_early_launch(&mut self, on: bool) -> Result<()> {
+        let major = self
+            .ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        self.k.early = on && major >= 9;
+        // Captured graphs hold the old launches.
+        self.scratch.get_mut().expect("scratch lock").graphs.clear();
+        Ok(())
     }
 
     /// Starts timing every launch (forwards then run without graphs, so
@@ -836,7 +977,7 @@ impl CudaModel {
         y: u64,
         m: usize,
         ldy: usize,
-        accumulate: bool,
+        out: Out,
     ) -> Result<()> {
         let (f, cfg, kind) = if let Some(tc) = &self.k.tensor[w.code] {
             let segments = w.cols.div_ceil(SEGMENT);
@@ -855,10 +996,26 @@ impl CudaModel {
                     .or_else(|| (0..FEW_TILES.len()).rev().find(fits))
                     .unwrap_or(0);
                 let tiles = FEW_TILES[t];
+                let shared = few_shared(format, segments, warps, tiles);
+                let mut blocks = w.rows.div_ceil(16);
+                let most = match self.k.few_grid {
+                    FewRowGrid::PerWeightBlock => blocks,
+                    FewRowGrid::Waves(waves) => {
+                        let resident = tc.few[t].occupancy_max_active_blocks_per_multiprocessor(
+                            32 * warps as u32,
+                            shared,
+                            None,
+                        )? as usize;
+                        waves * resident * self.k.multiprocessors
+                    }
+                    FewRowGrid::Blocks(n) => n,
+                };
+                // As many weight blocks for every block as balances them.
+                blocks = blocks.div_ceil(blocks.div_ceil(most.max(1)));
                 let cfg = LaunchConfig {
-                    grid_dim: (w.rows.div_ceil(16) as u32, m.div_ceil(8 * tiles) as u32, 1),
+                    grid_dim: (blocks as u32, m.div_ceil(8 * tiles) as u32, 1),
                     block_dim: (32 * warps as u32, 1, 1),
-                    shared_mem_bytes: few_shared(format, segments, warps, tiles) as u32,
+                    shared_mem_bytes: shared as u32,
                 };
                 (&tc.few[t], cfg, Kind::Few(tiles))
             } else {
@@ -870,7 +1027,7 @@ impl CudaModel {
                         1,
                     ),
                     block_dim: ((MANY_WARPS * 32) as u32, 1, 1),
-                    shared_mem_bytes: many_shared(FORMATS[w.code].0, c) as u32,
+                    shared_mem_bytes: many_shared(FORMATS[w.code].0, c, n) as u32,
                 };
                 (&tc.many, cfg, Kind::Many)
             }
@@ -897,37 +1054,41 @@ impl CudaModel {
             (&self.k.matmul_any, cfg, Kind::Any)
         };
         let wp = ptr(&w.data, &self.stream);
-        let (mi, n, k, ld, acc) = (
+        let (mi, n, k, ld, mode) = (
             m as i32,
             w.rows as i32,
             w.cols as i32,
             ldy as i32,
-            accumulate as i32,
+            out.mode(),
         );
-        let input = match kind {
-            Kind::Few(_) | Kind::Many => {
-                debug_assert!(x16 != 0, "tensor-core input without its f16 copy");
-                x16
-            }
-            Kind::Tile(_) | Kind::Any => x,
-        };
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&wp)
-            .arg(&input)
-            .arg(&y)
-            .arg(&mi)
-            .arg(&n)
-            .arg(&k)
-            .arg(&ld)
-            .arg(&acc);
+        let tensor = matches!(kind, Kind::Few(_) | Kind::Many);
+        debug_assert!(
+            !tensor || x16 != 0,
+            "tensor-core input without its f16 copy"
+        );
+        if !tensor && matches!(out, Out::Gated(_)) {
+            return Err(CudaError::Invalid(
+                "a gated product needs the tensor-core kernels".into(),
+            ));
+        }
+        let input = if tensor { x16 } else { x };
+        let y16 = out.y16();
+        let mut b = Launch::new(f);
+        b.arg(&wp).arg(&input).arg(&y);
+        if tensor {
+            b.arg(&y16);
+        }
+        b.arg(&mi).arg(&n).arg(&k).arg(&ld).arg(&mode);
         // SAFETY: the arguments match `mm_*` in matmul.cu and `tc_*` in
         // tensor.cu (the few-row kernel's shared memory holds every
         // segment's partial sums of its tiles, checked above, with one tile
         // always fitting, checked at upload); `w` holds
         // `rows` rows of `cols` inputs, `x` holds `m * cols` floats (`x16`,
         // for the tensor cores, `m * cols / 2` words) and `y` at least
-        // `m * ldy` with `ldy >= rows`, all on this stream.
-        unsafe { b.launch(cfg) }?;
+        // `m * ldy` with `ldy >= rows` (gated: `ldy >= rows / 2`, the
+        // rows interleaved as `Linear::gated` says, and `y16`, unless 0,
+        // `m * ldy / 2` words), all on this stream.
+        unsafe { b.launch(&self.stream, cfg, self.k.early) }?;
         self.mark(|| {
             let kernel = match kind {
                 Kind::Few(tiles) => format!("tensor {}", few_kernel(tiles)),
@@ -936,13 +1097,18 @@ impl CudaModel {
                 Kind::Any => "fma any".to_string(),
             };
             let format = FORMATS[w.code].1;
-            format!("matmul {format} {kernel} {}x{}", w.rows, w.cols)
+            let gated = if matches!(out, Out::Gated(_)) {
+                " + silu"
+            } else {
+                ""
+            };
+            format!("matmul {format} {kernel} {}x{}{gated}", w.rows, w.cols)
         })
     }
 
     fn linear(&self, l: &Linear, x: u64, x16: u64, y: u64, m: usize) -> Result<()> {
         for (w, off) in &l.parts {
-            self.matmul(w, x, x16, y + (*off * 4) as u64, m, l.width, false)?;
+            self.matmul(w, x, x16, y + (*off * 4) as u64, m, l.width, Out::Set)?;
         }
         Ok(())
     }
@@ -959,7 +1125,7 @@ impl CudaModel {
         h: usize,
     ) -> Result<()> {
         let (hi, eps) = (h as i32, self.config.rms_eps);
-        let mut b = self.stream.launch_builder(&self.k.rmsnorm);
+        let mut b = Launch::new(&self.k.rmsnorm);
         b.arg(&x)
             .arg(&idx)
             .arg(&w)
@@ -977,7 +1143,7 @@ impl CudaModel {
         // `out16` (unless 0) `rows * h / 2` words with `h` a multiple of 32;
         // `x`, `w` and `out` start allocations, so rows of a multiple of 4
         // are 16-byte aligned for the kernel's float4 path.
-        unsafe { b.launch(cfg) }?;
+        unsafe { b.launch(&self.stream, cfg, self.k.early) }?;
         self.mark(|| "rmsnorm".into())
     }
 
@@ -1115,7 +1281,7 @@ impl CudaModel {
         self.mark_start()?;
         {
             let (code, wp, hk) = (self.embed.code as i32, ptr(&self.embed.data, st), h as i32);
-            let mut b = st.launch_builder(&self.k.embed);
+            let mut b = Launch::new(&self.k.embed);
             b.arg(&code).arg(&wp).arg(&tokens_p).arg(&x).arg(&hk);
             let cfg = LaunchConfig {
                 grid_dim: (m as u32, 1, 1),
@@ -1124,7 +1290,7 @@ impl CudaModel {
             };
             // SAFETY: matches `embed` in ops.cu; tokens were checked against
             // the vocabulary, `x` holds `m * h` floats.
-            unsafe { b.launch(cfg) }?;
+            unsafe { b.launch(&self.stream, cfg, self.k.early) }?;
             self.mark(|| "embed".into())?;
         }
 
@@ -1143,7 +1309,7 @@ impl CudaModel {
                     opt_ptr(&b.v_bias, st),
                 );
                 let (qn, kn) = (opt_ptr(&b.q_norm, st), opt_ptr(&b.k_norm, st));
-                let mut lb = st.launch_builder(&self.k.qkv_post);
+                let mut lb = Launch::new(&self.k.qkv_post);
                 lb.arg(&qkv)
                     .arg(&heads)
                     .arg(&kv_heads)
@@ -1172,7 +1338,7 @@ impl CudaModel {
                 // SAFETY: matches `qkv_post` in ops.cu; every row's position
                 // is below its cache's capacity (reserved above) and the
                 // rope tables cover it.
-                unsafe { lb.launch(cfg) }?;
+                unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
                 self.mark(|| "qkv_post".into())?;
             }
             {
@@ -1191,7 +1357,7 @@ impl CudaModel {
                 // Staging pays once several rows share the key blocks.
                 let stage = (m >= STAGE_KEYS_FROM) as i32;
                 let (mi, rows_i, hb_i) = (m as i32, rows as i32, hb as i32);
-                let mut lb = st.launch_builder(kernel);
+                let mut lb = Launch::new(kernel);
                 lb.arg(&q)
                     .arg(&heads)
                     .arg(&kv_heads)
@@ -1225,15 +1391,18 @@ impl CudaModel {
                 // warps, whose shared memory the attribute set at load
                 // allows for any head_dim up to 256, and `attention_split`
                 // stays under the default 48 KB.
-                unsafe { lb.launch(cfg) }?;
+                unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
                 self.mark(|| name.into())?;
             }
-            self.matmul(&b.o, attn, attn16, x, m, h, true)?;
+            self.matmul(&b.o, attn, attn16, x, m, h, Out::Add)?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, xn16, m, h)?;
-            self.linear(&b.gate_up, xn, xn16, gu, m)?;
-            {
+            if b.gate_up.gated {
+                let (w, _) = &b.gate_up.parts[0];
+                self.matmul(w, xn, xn16, act, m, ff, Out::Gated(act16))?;
+            } else {
+                self.linear(&b.gate_up, xn, xn16, gu, m)?;
                 let (mi, fi) = (m as i32, ff as i32);
-                let mut lb = st.launch_builder(&self.k.silu_mul);
+                let mut lb = Launch::new(&self.k.silu_mul);
                 lb.arg(&gu).arg(&act).arg(&act16).arg(&mi).arg(&fi);
                 let cfg = LaunchConfig {
                     grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
@@ -1242,10 +1411,10 @@ impl CudaModel {
                 };
                 // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`,
                 // `act16` (unless 0) `m * ff / 2` words with `ff` a multiple of 32.
-                unsafe { lb.launch(cfg) }?;
+                unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
                 self.mark(|| "silu_mul".into())?;
             }
-            self.matmul(&b.down, act, act16, x, m, h, true)?;
+            self.matmul(&b.down, act, act16, x, m, h, Out::Add)?;
         }
 
         if p.picks > 0 {
@@ -1259,7 +1428,15 @@ impl CudaModel {
                 h,
             )?;
             let head = self.head.as_ref().unwrap_or(&self.embed);
-            self.matmul(head, p.picked, p.picked16, p.logits, p.picks, vocab, false)?;
+            self.matmul(
+                head,
+                p.picked,
+                p.picked16,
+                p.logits,
+                p.picks,
+                vocab,
+                Out::Set,
+            )?;
         }
         Ok(())
     }

@@ -22,9 +22,13 @@
 
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod launch;
 
 #[cfg(feature = "cuda")]
-pub use device::{measure_copy_bandwidth, CudaKv, CudaModel, KernelTime, MatmulKernels};
+pub use device::{
+    measure_copy_bandwidth, CudaKv, CudaModel, FewRowGrid, KernelTime, MatmulKernels,
+};
 
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 #![cfg(feature = "cuda")]
 
 use std::path::PathBuf;
-use tensorfold_cuda::{CudaKv, CudaModel, MatmulKernels};
+use tensorfold_cuda::{CudaKv, CudaModel, FewRowGrid, MatmulKernels};
 use tensorfold_models::synth::{write_gguf, write_hf, SynthSpec};
 use tensorfold_models::{Arch, Format, Logits, Model, Seq};
 use tensorfold_quant::Encoding;
@@ -108,6 +108,44 @@ fn logits_do_not_depend_on_chunking_batching_or_rollback() {
             let g = CudaModel::upload_with(&model, 0, kernels).unwrap();
             let what = format!("{} {} hf={hf} {kernels:?}", arch.name(), format.name());
             assert_invariant(&g, &what, ci as u64);
+        }
+    }
+}
+
+#[test]
+fn few_row_grids_keep_the_bits() {
+    if !gpu() {
+        return;
+    }
+    // Blocks that walk several weight blocks (one block walking them all,
+    // an uneven split, a wave) against a block per weight block, for
+    // single rows and every few-row tile.
+    for (ci, format) in [Format::Q4K, Format::Q6K, Format::Q4_1]
+        .into_iter()
+        .enumerate()
+    {
+        let model = load(Arch::Llama, format, false, 41 + ci as u64);
+        let mut g = CudaModel::upload_with(&model, 0, MatmulKernels::TensorCores).unwrap();
+        let toks = tokens(120, 7 + ci as u64);
+        let run = |g: &CudaModel| {
+            let mut kv = g.new_cache();
+            let mut out = serial(g, &toks[..40]);
+            chunked(g, &mut kv, &toks[..40], &[40]);
+            out.extend(chunked(g, &mut kv, &toks, &[3, 9, 17, 32]));
+            out
+        };
+        let reference = run(&g);
+        for grid in [
+            FewRowGrid::Blocks(1),
+            FewRowGrid::Blocks(3),
+            FewRowGrid::Waves(1),
+        ] {
+            g.set_few_row_grid(grid);
+            let got = run(&g);
+            assert_eq!(got.len(), reference.len());
+            for (p, (a, b)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(bits(a), bits(b), "{} {grid:?}: row {p}", format.name());
+            }
         }
     }
 }
