@@ -80,6 +80,21 @@ __device__ __forceinline__ void tf_ld8_a8(const uint8_t* p, uint8_t b[8]) {
 __device__ __forceinline__ uint32_t tf_h2_bits(__half2 v) { return *reinterpret_cast<const uint32_t*>(&v); }
 __device__ __forceinline__ __half2 tf_as_h2(uint32_t v) { return *reinterpret_cast<const __half2*>(&v); }
 
+// d += A * B for one 16 x 8 tile on the tensor cores (A: 16 rows x 16,
+// B: 16 x 8 columns; f16 inputs, f32 sums). Thread (g, t) = (lane / 4,
+// lane % 4) holds a = A[g][2t, 2t+1], A[g+8][2t, 2t+1], A[g][2t+8, 2t+9],
+// A[g+8][2t+8, 2t+9]; b = B[2t, 2t+1][g], B[2t+8, 2t+9][g]; d = D[g][2t,
+// 2t+1], D[g+8][2t, 2t+1]. Each element of D comes from its own row of A,
+// column of B and accumulator alone.
+__device__ __forceinline__ void tf_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Two floats rounded to an f16 pair (x in the low half).
+__device__ __forceinline__ uint32_t tf_h2_of(float x, float y) { return tf_h2_bits(__floats2half2_rn(x, y)); }
+
 // Asynchronous 16-byte copies from global to shared memory.
 // `to` is a shared-memory address (tf_shared_addr).
 __device__ __forceinline__ uint32_t tf_shared_addr(const void* smem) {

@@ -31,15 +31,6 @@ static_assert(TF_SEG * 32 == 256, "a Q4_K segment is one super-block");
 // Weight buffers per warp of the few-row kernel (FEW_STAGES in device.rs).
 #define TF_FEW_STAGES 2
 
-// d += A * B for one 16 x 8 tile (A: 16 weight rows x 16 inputs, B: 16
-// inputs x 8 input rows).
-__device__ __forceinline__ void tf_mma(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // Input slots. Thread t of a quad feeds mma slots 2t, 2t + 1, 2t + 8,
 // 2t + 9; in mma h of a unit they hold its elements 16h + 4t + 0, 2, 1, 3.
 // So a thread reads four consecutive elements per half, and the weight

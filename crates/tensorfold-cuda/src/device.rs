@@ -1,5 +1,6 @@
 //! The model on the device, its per-sequence caches and the forward.
 
+use crate::attention;
 use crate::launch::Launch;
 use crate::CudaError;
 use cudarc::driver::sys::{
@@ -21,6 +22,7 @@ use tensorfold_quant::{Encoding, Format, Matrix, Storage};
 static MATMUL_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/matmul.fatbin"));
 static TENSOR_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tensor.fatbin"));
 static OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
+static ATTENTION_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
 
 type Result<T> = std::result::Result<T, CudaError>;
 
@@ -324,7 +326,7 @@ fn early_launch_from_env() -> bool {
 }
 
 struct Kernels {
-    _modules: [Arc<CudaModule>; 3],
+    _modules: [Arc<CudaModule>; 4],
     /// The device's streaming multiprocessors.
     multiprocessors: usize,
     few_grid: FewRowGrid,
@@ -353,6 +355,9 @@ struct Kernels {
     /// `attention_split_128` up to 128, likewise.
     attention_split: CudaFunction,
     attention_split_128: CudaFunction,
+    /// `(head dimension, attention_tc_<hd>)`: the tensor-core attention,
+    /// which those head dimensions take instead of the ones above.
+    attention_tc: Vec<(usize, CudaFunction)>,
     silu_mul: CudaFunction,
 }
 
@@ -410,6 +415,17 @@ impl Kernels {
             )?;
             Ok(f)
         };
+        let att = ctx.load_module(Ptx::from_binary(ATTENTION_BIN.to_vec()))?;
+        let mut attention_tc = Vec::new();
+        for hd in attention::HEAD_DIMS {
+            let name = attention::kernel(hd).expect("a listed head dimension");
+            let f = att.load_function(&name)?;
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attention::shared(hd) as i32,
+            )?;
+            attention_tc.push((hd, f));
+        }
         let multiprocessors =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let major =
@@ -430,8 +446,9 @@ impl Kernels {
             attention_128: attention("attention_128", NARROW_HEADS)?,
             attention_split: ops.load_function("attention_split")?,
             attention_split_128: ops.load_function("attention_split_128")?,
+            attention_tc,
             silu_mul: ops.load_function("silu_mul")?,
-            _modules: [mm, tc, ops],
+            _modules: [mm, tc, ops, att],
         })
     }
 }
@@ -1106,6 +1123,91 @@ impl CudaModel {
         })
     }
 
+    /// Attention of every row of `p` over its sequence's keys of `layer`,
+    /// from `p.q` into `p.attn` (and `p.attn16`): on the tensor cores for
+    /// the head dimensions they serve, else in f32.
+    fn attention(&self, p: &Plan, layer: i32) -> Result<()> {
+        let c = &self.config;
+        let m = p.m;
+        let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let (q, attn, attn16) = (p.q, p.attn, p.attn16);
+        let (pos_p, seq_p, kb_p, vb_p, cap_p) = (p.pos, p.seq, p.k_base, p.v_base, p.cap);
+        let group = c.heads / c.kv_heads;
+        let tc = self
+            .k
+            .attention_tc
+            .iter()
+            .find(|(d, _)| *d == c.head_dim)
+            .map(|(_, f)| f);
+        let split = split_attention(m, p.seqs);
+        let k = &self.k;
+        let (kernel, name) = match (tc, split, c.head_dim <= NARROW_HEADS) {
+            (Some(f), _, _) => (f, "attention tc"),
+            (None, true, true) => (&k.attention_split_128, "attention split"),
+            (None, true, false) => (&k.attention_split, "attention split"),
+            (None, false, true) => (&k.attention_128, "attention"),
+            (None, false, false) => (&k.attention, "attention"),
+        };
+        let (rows, hb) = match tc {
+            Some(_) => attention::tile(m, p.seqs, group),
+            None => attention_tile(m, group),
+        };
+        // Staging pays once several rows share the key blocks.
+        let stage = (m >= STAGE_KEYS_FROM) as i32;
+        let (mi, rows_i, hb_i) = (m as i32, rows as i32, hb as i32);
+        // Every attention kernel takes these first.
+        let mut lb = Launch::new(kernel);
+        lb.arg(&q)
+            .arg(&heads)
+            .arg(&kv_heads)
+            .arg(&hd)
+            .arg(&scale)
+            .arg(&pos_p)
+            .arg(&seq_p)
+            .arg(&kb_p)
+            .arg(&vb_p)
+            .arg(&cap_p)
+            .arg(&layer)
+            .arg(&attn)
+            .arg(&attn16);
+        let blocks = (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1);
+        let cfg = match (tc, split) {
+            (Some(_), _) => {
+                lb.arg(&mi).arg(&rows_i).arg(&hb_i);
+                LaunchConfig {
+                    grid_dim: blocks,
+                    block_dim: (32 * attention::warps(c.head_dim) as u32, 1, 1),
+                    shared_mem_bytes: attention::shared(c.head_dim) as u32,
+                }
+            }
+            (None, true) => LaunchConfig {
+                grid_dim: (m as u32, c.heads as u32, 1),
+                block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
+                shared_mem_bytes: split_shared(c.head_dim) as u32,
+            },
+            (None, false) => {
+                lb.arg(&mi).arg(&rows_i).arg(&hb_i).arg(&stage);
+                let warps = rows.div_ceil(ATTENTION_ROWS) * hb;
+                LaunchConfig {
+                    grid_dim: blocks,
+                    block_dim: (32 * warps as u32, 1, 1),
+                    shared_mem_bytes: attention_shared(c.head_dim, warps) as u32,
+                }
+            }
+        };
+        // SAFETY: matches `attention_tc_<hd>` in attention.cu (for this
+        // head dimension), `attention` or `attention_split` in ops.cu;
+        // keys 0..=pos of each row were written by this or an earlier
+        // forward; a tensor-core tile's rows times heads are at most 16 and
+        // its heads divide the group (`attention::tile`); `attention` has
+        // at most ATTENTION_WARPS warps; the shared memory is what the
+        // attributes set at load allow (`attention_split` stays under the
+        // default 48 KB).
+        unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
+        self.mark(|| name.into())
+    }
+
     fn linear(&self, l: &Linear, x: u64, x16: u64, y: u64, m: usize) -> Result<()> {
         for (w, off) in &l.parts {
             self.matmul(w, x, x16, y + (*off * 4) as u64, m, l.width, Out::Set)?;
@@ -1297,7 +1399,6 @@ impl CudaModel {
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let eps = c.rms_eps;
         let interleaved = (c.rope_style == RopeStyle::Interleaved) as i32;
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
         for (l, b) in self.blocks.iter().enumerate() {
             let layer = l as i32;
             self.rmsnorm(x, 0, ptr(&b.attn_norm, st), xn, xn16, m, h)?;
@@ -1341,59 +1442,7 @@ impl CudaModel {
                 unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
                 self.mark(|| "qkv_post".into())?;
             }
-            {
-                // Both kernels share their leading arguments; `attention`
-                // adds how it groups rows and heads into blocks.
-                let split = split_attention(m, p.seqs);
-                let k = &self.k;
-                let (kernel, name) = match (split, c.head_dim <= NARROW_HEADS) {
-                    (true, true) => (&k.attention_split_128, "attention split"),
-                    (true, false) => (&k.attention_split, "attention split"),
-                    (false, true) => (&k.attention_128, "attention"),
-                    (false, false) => (&k.attention, "attention"),
-                };
-                let (rows, hb) = attention_tile(m, c.heads / c.kv_heads);
-                let warps = rows.div_ceil(ATTENTION_ROWS) * hb;
-                // Staging pays once several rows share the key blocks.
-                let stage = (m >= STAGE_KEYS_FROM) as i32;
-                let (mi, rows_i, hb_i) = (m as i32, rows as i32, hb as i32);
-                let mut lb = Launch::new(kernel);
-                lb.arg(&q)
-                    .arg(&heads)
-                    .arg(&kv_heads)
-                    .arg(&hd)
-                    .arg(&scale)
-                    .arg(&pos_p)
-                    .arg(&seq_p)
-                    .arg(&kb_p)
-                    .arg(&vb_p)
-                    .arg(&cap_p)
-                    .arg(&layer)
-                    .arg(&attn)
-                    .arg(&attn16);
-                let cfg = if split {
-                    LaunchConfig {
-                        grid_dim: (m as u32, c.heads as u32, 1),
-                        block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
-                        shared_mem_bytes: split_shared(c.head_dim) as u32,
-                    }
-                } else {
-                    lb.arg(&mi).arg(&rows_i).arg(&hb_i).arg(&stage);
-                    LaunchConfig {
-                        grid_dim: (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1),
-                        block_dim: (32 * warps as u32, 1, 1),
-                        shared_mem_bytes: attention_shared(c.head_dim, warps) as u32,
-                    }
-                };
-                // SAFETY: matches `attention` / `attention_split` in ops.cu;
-                // keys 0..=pos of each row were written by this or an
-                // earlier forward; `attention` has at most ATTENTION_WARPS
-                // warps, whose shared memory the attribute set at load
-                // allows for any head_dim up to 256, and `attention_split`
-                // stays under the default 48 KB.
-                unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
-                self.mark(|| name.into())?;
-            }
+            self.attention(p, layer)?;
             self.matmul(&b.o, attn, attn16, x, m, h, Out::Add)?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, xn16, m, h)?;
             if b.gate_up.gated {

@@ -21,6 +21,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(feature = "cuda")]
+mod attention;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 mod launch;
@@ -29,6 +31,14 @@ mod launch;
 pub use device::{
     measure_copy_bandwidth, CudaKv, CudaModel, FewRowGrid, KernelTime, MatmulKernels,
 };
+
+/// Whether attention runs on the tensor cores (queries, keys, weights and
+/// values rounded to f16) for heads `head_dim` wide; other widths take f32
+/// kernels.
+#[cfg(feature = "cuda")]
+pub fn attention_on_tensor_cores(head_dim: usize) -> bool {
+    attention::kernel(head_dim).is_some()
+}
 
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]

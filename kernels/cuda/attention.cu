@@ -1,0 +1,272 @@
+// Causal attention on the tensor cores, for head dimensions that are a
+// multiple of 16 up to 128 (`attention_tc_<HD>`; other widths take the f32
+// kernels of ops.cu).
+//
+// Keys come in blocks of 64 counted from position 0, as in ops.cu. A warp
+// takes a tile of 16 slots, each a (row, query head) pair of one kv head,
+// and for one key block computes every slot's partial softmax:
+//   S = Q K^T      q and k rounded to f16, f32 sums, one mma chain over
+//                  the head dimensions in order, from zero;
+//   s = S * scale, or -inf for keys past the slot's position;
+//   m = max of s, p = exp(s - m), l = sum of p (fixed order: a thread's
+//   keys in order, then the quad's xor tree);
+//   O = P V        p and v rounded to f16, one mma chain over the block's
+//                  keys in order, from zero.
+// An mma computes each element from its own row of A, column of B and
+// accumulator alone, so a slot's partial depends on its query and that key
+// block only: not on the tile's other slots, nor on which warp computes it.
+// Partials are folded in block order as tf_fold does (ops.cu), so nothing
+// depends on how rows are grouped, chunked or batched.
+//
+// A block is W warps (blockDim) on one tile: rows r0 .. r0 + rw - 1 by
+// query heads h0 .. h0 + hb - 1 (hb divides the heads per kv head, rw * hb
+// <= 16; slot i is row r0 + i / hb, head h0 + i % hb). Its warps take key
+// blocks w, w + W, ...: each stages its block's keys, then its values, in
+// shared memory with asynchronous copies, and leaves its partial there;
+// then every warp folds the round's partials in block order for the
+// output columns it keeps (8-wide column tiles w, w + W, ...), each warp
+// folding the maxima and sums alike. Rows of one tile that belong to
+// several sequences take one pass per sequence.
+//
+// Dynamic shared memory: per warp, one staged key block (64 rows of HD + 8
+// floats) and one partial (16 rows of HD + 8 floats, then 16 maxima and
+// 16 sums).
+#include "common.cuh"
+
+#define TF_TC_KEYS 64
+// Floats after each staged row and each partial row: keeps the fragment
+// loads of a warp (half warp, for 8-byte loads) in distinct banks.
+#define TF_TC_PAD 8
+// Warps of a block at least: bounds the output column tiles a warp keeps.
+#define TF_TC_MIN_WARPS 4
+
+template <int HD>
+__host__ __device__ constexpr int tf_tc_part_floats() {
+    return 16 * (HD + TF_TC_PAD) + 32;
+}
+
+// Starts copying `keys` rows of HD floats (`stride` floats apart, from
+// `src`) into rows of HD + 8 floats at `stage`; rows past `keys` are zeroed
+// so that masked keys multiply as zeros. Then waits for them and for the
+// warp.
+template <int HD>
+__device__ __forceinline__ void tf_tc_stage(float* stage, const float* src, size_t stride, int keys, int lane) {
+    constexpr int Q4 = HD / 4, KS = HD + TF_TC_PAD;
+    const uint32_t to = tf_shared_addr(stage);
+#pragma unroll 8
+    for (int e = lane; e < TF_TC_KEYS * Q4; e += 32) {
+        const int j = e / Q4, d = 4 * (e % Q4);
+        if (j < keys)
+            tf_cp16_to(to + 4 * (j * KS + d), src + (size_t)j * stride + d);
+        else
+            *reinterpret_cast<float4*>(stage + j * KS + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    tf_cp_commit();
+    tf_cp_wait<0>();
+    __syncwarp();
+}
+
+template <int HD>
+__device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int heads, int kv_heads, float scale,
+                                                const long long* row_pos, const long long* row_seq,
+                                                const unsigned long long* k_base, const unsigned long long* v_base,
+                                                const long long* cap, int layer, float* out, uint32_t* out16, int M,
+                                                int rw, int hb) {
+    constexpr int KSTEPS = HD / 16, NT = HD / 8, KS = HD + TF_TC_PAD;
+    constexpr int MINE = (NT + TF_TC_MIN_WARPS - 1) / TF_TC_MIN_WARPS;
+    extern __shared__ float4 smem4[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    float* stage = reinterpret_cast<float*>(smem4) + warp * TF_TC_KEYS * KS;
+    float* parts = reinterpret_cast<float*>(smem4) + W * TF_TC_KEYS * KS;
+    float* mine = parts + warp * tf_tc_part_floats<HD>();
+    const int group = heads / kv_heads, kvw = kv_heads * HD;
+    const int h0 = blockIdx.y * hb, kvh = h0 / group, r0 = blockIdx.x * rw;
+
+    int done = 0;  // bit i: row r0 + i is handled (or past the end)
+    for (int i = 0; i < rw; i++)
+        if (r0 + i >= M) done |= 1 << i;
+    while (done != (1 << rw) - 1) {
+        // This pass: the rows left of the first one's sequence.
+        const long long sq = row_seq[r0 + __ffs(~done) - 1];
+        int pass = 0;
+        long long most = 0;
+        for (int i = 0; i < rw; i++)
+            if (!((done >> i) & 1) && row_seq[r0 + i] == sq) {
+                pass |= 1 << i;
+                most = max(most, row_pos[r0 + i] + 1);
+            }
+        done |= pass;
+
+        // This thread's slots g and g + 8: keys each sees, where its query
+        // and output live.
+        long long n[2];
+        size_t at[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int s = g + 8 * e, ri = s / hb;
+            const bool live = s < rw * hb && ((pass >> ri) & 1);
+            n[e] = live ? row_pos[r0 + ri] + 1 : 0;
+            at[e] = ((size_t)(r0 + ri) * heads + h0 + s % hb) * HD;
+        }
+        uint32_t qa[KSTEPS][4];
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int e = c & 1, d = 16 * kk + 8 * (c >> 1) + 2 * t;
+                const float2 v = n[e] ? *reinterpret_cast<const float2*>(q + at[e] + d) : make_float2(0.f, 0.f);
+                qa[kk][c] = tf_h2_of(v.x, v.y);
+            }
+        const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)kvh * HD;
+        const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
+        const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+        float o[MINE][4] = {};
+        const long long blocks = (most + TF_TC_KEYS - 1) / TF_TC_KEYS;
+        for (long long base = 0; base < blocks; base += W) {
+            if (base + warp < blocks) {
+                const long long b0 = (base + warp) * TF_TC_KEYS;
+                const int keys = (int)min((long long)TF_TC_KEYS, most - b0);
+                int valid[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) valid[e] = (int)max(0LL, min((long long)TF_TC_KEYS, n[e] - b0));
+
+                tf_tc_stage<HD>(stage, K + (size_t)b0 * kvw, kvw, keys, lane);
+                float s[8][4] = {};
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int kk = 0; kk < KSTEPS; kk++) {
+                        const float* kr = stage + (8 * j + g) * KS + 16 * kk + 2 * t;
+                        const float2 lo = *reinterpret_cast<const float2*>(kr);
+                        const float2 hi = *reinterpret_cast<const float2*>(kr + 8);
+                        const uint32_t b[2] = {tf_h2_of(lo.x, lo.y), tf_h2_of(hi.x, hi.y)};
+                        tf_mma(s[j], qa[kk], b);
+                    }
+                // Scores, the block's max and weights, slot by slot.
+                float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int e = c >> 1, key = 8 * j + 2 * t + (c & 1);
+                        s[j][c] = key < valid[e] ? __fmul_rn(s[j][c], scale) : -INFINITY;
+                        mx[e] = fmaxf(mx[e], s[j][c]);
+                    }
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 1));
+                    mx[e] = fmaxf(mx[e], __shfl_xor_sync(0xffffffffu, mx[e], 2));
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int e = c >> 1, key = 8 * j + 2 * t + (c & 1);
+                        s[j][c] = key < valid[e] ? expf(__fsub_rn(s[j][c], mx[e])) : 0.f;
+                        sum[e] = __fadd_rn(sum[e], s[j][c]);
+                    }
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    sum[e] = __fadd_rn(sum[e], __shfl_xor_sync(0xffffffffu, sum[e], 1));
+                    sum[e] = __fadd_rn(sum[e], __shfl_xor_sync(0xffffffffu, sum[e], 2));
+                }
+                // The weights as A fragments: keys 16kk .. 16kk + 15 are
+                // score tiles 2kk and 2kk + 1.
+                uint32_t pa[4][4];
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    pa[kk][0] = tf_h2_of(s[2 * kk][0], s[2 * kk][1]);
+                    pa[kk][1] = tf_h2_of(s[2 * kk][2], s[2 * kk][3]);
+                    pa[kk][2] = tf_h2_of(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[kk][3] = tf_h2_of(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                }
+                __syncwarp();  // every lane is done with the keys
+                tf_tc_stage<HD>(stage, V + (size_t)b0 * kvw, kvw, keys, lane);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    float d[4] = {};
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++) {
+                        const float* vc = stage + (16 * kk + 2 * t) * KS + 8 * nt + g;
+                        const uint32_t b[2] = {tf_h2_of(vc[0], vc[KS]), tf_h2_of(vc[8 * KS], vc[9 * KS])};
+                        tf_mma(d, pa[kk], b);
+                    }
+                    *reinterpret_cast<float2*>(mine + g * KS + 8 * nt + 2 * t) = make_float2(d[0], d[1]);
+                    *reinterpret_cast<float2*>(mine + (g + 8) * KS + 8 * nt + 2 * t) = make_float2(d[2], d[3]);
+                }
+                if (t == 0) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        mine[16 * KS + g + 8 * e] = mx[e];
+                        mine[16 * KS + 16 + g + 8 * e] = sum[e];
+                    }
+                }
+                __syncwarp();  // every lane is done with the values
+            }
+            __syncthreads();  // the round's partials are in
+            for (int w = 0; w < W && base + w < blocks; w++) {
+                const float* pw = parts + w * tf_tc_part_floats<HD>();
+                const long long b0 = (base + w) * TF_TC_KEYS;
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    if (n[e] <= b0) continue;  // no key of this block: nothing to fold
+                    const float mb = pw[16 * KS + g + 8 * e], lb = pw[16 * KS + 16 + g + 8 * e];
+                    const float mn = fmaxf(m[e], mb);
+                    const float a = m[e] == -INFINITY ? 0.f : expf(__fsub_rn(m[e], mn));
+                    const float c = expf(__fsub_rn(mb, mn));
+                    l[e] = __fmaf_rn(lb, c, __fmul_rn(l[e], a));
+#pragma unroll
+                    for (int i = 0; i < MINE; i++) {
+                        const int nt = warp + i * W;
+                        if (nt < NT) {
+                            const float2 v = *reinterpret_cast<const float2*>(pw + (g + 8 * e) * KS + 8 * nt + 2 * t);
+                            o[i][2 * e] = __fmaf_rn(v.x, c, __fmul_rn(o[i][2 * e], a));
+                            o[i][2 * e + 1] = __fmaf_rn(v.y, c, __fmul_rn(o[i][2 * e + 1], a));
+                        }
+                    }
+                    m[e] = mn;
+                }
+            }
+            __syncthreads();  // the partials are read before the next round's land
+        }
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            if (!n[e]) continue;
+            const float inv = 1.0f / l[e];
+            const size_t row = at[e] / ((size_t)heads * HD);
+            const int col = (int)(at[e] % ((size_t)heads * HD));
+#pragma unroll
+            for (int i = 0; i < MINE; i++) {
+                const int nt = warp + i * W;
+                if (nt < NT) {
+#pragma unroll
+                    for (int k = 0; k < 2; k++) {
+                        const float v = __fmul_rn(o[i][2 * e + k], inv);
+                        const int c = col + 8 * nt + 2 * t + k;
+                        out[row * heads * HD + c] = v;
+                        if (out16) tf_store_h16_one(out16 + row * (heads * HD / 2), c, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define TF_ATTENTION_TC(HD)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                          \
+        attention_tc_##HD(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,           \
+                          const long long* row_pos, const long long* row_seq, const unsigned long long* k_base, \
+                          const unsigned long long* v_base, const long long* cap, int layer, float* out,        \
+                          uint32_t* out16, int M, int rw, int hb) {                                            \
+        tf_after_prior();                                                                                      \
+        tf_attention_tc<HD>(q, heads, kv_heads, scale, row_pos, row_seq, k_base, v_base, cap, layer, out,     \
+                            out16, M, rw, hb);                                                                 \
+    }
+TF_ATTENTION_TC(16)
+TF_ATTENTION_TC(32)
+TF_ATTENTION_TC(64)
+TF_ATTENTION_TC(96)
+TF_ATTENTION_TC(128)
