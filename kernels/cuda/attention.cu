@@ -255,6 +255,8 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
     }
 }
 
+// The arguments of ops.cu's `attention` (`hd` is the kernel's own HD),
+// then the tile's shape.
 #define TF_ATTENTION_TC(HD)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         attention_tc_##HD(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,           \

@@ -897,18 +897,6 @@ impl CudaModel {
         self.scratch.get_mut().expect("scratch lock").graphs.clear();
     }
 
-    /// Lets kernels start before the previous one ends (on GPUs of compute
-    /// capability 9 and later) or not; the logits keep their bits.
-    pub fn set_early_launch(&mut self, on: bool) -> Result<()> {
-        let major = self
-            .ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        self.k.early = on && major >= 9;
-        // Captured graphs hold the old launches.
-        self.scratch.get_mut().expect("scratch lock").graphs.clear();
-        Ok(())
-    }
-
     /// Starts timing every launch (forwards then run without graphs, so
     /// expect them to be somewhat slower than unprofiled ones).
     pub fn start_profile(&self) {
