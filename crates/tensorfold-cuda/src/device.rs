@@ -460,7 +460,7 @@ enum Out {
     Set,
     /// Added to what is there (the residual stream).
     Add,
-    /// The weight rows are gate and up interleaved (`Linear::gated`); the
+    /// The weight rows are gate and up interleaved (`GateUp::Gated`); the
     /// output is silu(gate) * up, with its f16 copy at the address unless
     /// that is 0. Tensor-core kernels only.
     Gated(u64),
@@ -496,10 +496,16 @@ struct DevMatrix {
 struct Linear {
     parts: Vec<(DevMatrix, usize)>,
     width: usize,
-    /// gate | up as one tensor-core matrix whose 16-row blocks hold 8 gate
-    /// rows, then the 8 up rows of the same columns: its product lands as
-    /// silu(gate) * up (`Out::Gated`), `width / 2` columns.
-    gated: bool,
+}
+
+/// The feed-forward block's gate and up projections.
+enum GateUp {
+    /// One tensor-core matrix whose 16-row blocks hold 8 gate rows, then
+    /// the 8 up rows of the same columns: its product lands as
+    /// silu(gate) * up (`Out::Gated`).
+    Gated(DevMatrix),
+    /// gate | up side by side, then `silu_mul`.
+    Split(Linear),
 }
 
 struct DevBlock {
@@ -512,7 +518,7 @@ struct DevBlock {
     k_norm: Option<CudaSlice<f32>>,
     o: DevMatrix,
     ffn_norm: CudaSlice<f32>,
-    gate_up: Linear,
+    gate_up: GateUp,
     down: DevMatrix,
 }
 
@@ -576,6 +582,19 @@ struct Plan {
     attn16: u64,
     act16: u64,
     picked16: u64,
+}
+
+impl Plan {
+    /// The per-row table of every kernel that reads or writes the caches,
+    /// in their argument order: positions, sequences, key and value bases,
+    /// capacities.
+    fn cache_args<'a>(&'a self, lb: &mut Launch<'a>) {
+        lb.arg(&self.pos)
+            .arg(&self.seq)
+            .arg(&self.k_base)
+            .arg(&self.v_base)
+            .arg(&self.cap);
+    }
 }
 
 /// Forwards of at most this many rows run as captured graphs.
@@ -761,7 +780,6 @@ impl CudaModel {
                 return Ok(Linear {
                     parts: vec![(fused, 0)],
                     width,
-                    gated: false,
                 });
             }
             let mut parts = Vec::new();
@@ -770,15 +788,11 @@ impl CudaModel {
                 parts.push((mat(m)?, off));
                 off += m.rows();
             }
-            Ok(Linear {
-                parts,
-                width,
-                gated: false,
-            })
+            Ok(Linear { parts, width })
         };
         // gate | up, interleaved by 8 rows where the tensor cores multiply
         // them as one matrix, so that the SiLU runs in the product's store.
-        let gate_up = |gate: &Matrix, up: &Matrix| -> Result<Linear> {
+        let gate_up = |gate: &Matrix, up: &Matrix| -> Result<GateUp> {
             let (g, u) = (on_device(gate)?, on_device(up)?);
             let (ff, code) = (g.rows(), fmt_code(g.format())?);
             if g.format() != u.format()
@@ -786,7 +800,7 @@ impl CudaModel {
                 || !ff.is_multiple_of(8)
                 || k.tensor[code].is_none()
             {
-                return linear(&[gate, up]);
+                return linear(&[gate, up]).map(GateUp::Split);
             }
             let (gb, ub) = (matrix_bytes(&g), matrix_bytes(&u));
             let rb = gb.len() / ff;
@@ -795,17 +809,12 @@ impl CudaModel {
                 bytes.extend_from_slice(&gb[b * rb..(b + 8) * rb]);
                 bytes.extend_from_slice(&ub[b * rb..(b + 8) * rb]);
             }
-            let fused = DevMatrix {
+            Ok(GateUp::Gated(DevMatrix {
                 code,
                 rows: 2 * ff,
                 cols: g.cols(),
                 data: stream.clone_htod(&padded(bytes))?,
-            };
-            Ok(Linear {
-                parts: vec![(fused, 0)],
-                width: 2 * ff,
-                gated: true,
-            })
+            }))
         };
 
         let mut blocks = Vec::with_capacity(model.blocks.len());
@@ -1091,7 +1100,7 @@ impl CudaModel {
         // `rows` rows of `cols` inputs, `x` holds `m * cols` floats (`x16`,
         // for the tensor cores, `m * cols / 2` words) and `y` at least
         // `m * ldy` with `ldy >= rows` (gated: `ldy >= rows / 2`, the
-        // rows interleaved as `Linear::gated` says, and `y16`, unless 0,
+        // rows interleaved as `GateUp::Gated` says, and `y16`, unless 0,
         // `m * ldy / 2` words), all on this stream.
         unsafe { b.launch(&self.stream, cfg, self.k.early) }?;
         self.mark(|| {
@@ -1120,7 +1129,6 @@ impl CudaModel {
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (q, attn, attn16) = (p.q, p.attn, p.attn16);
-        let (pos_p, seq_p, kb_p, vb_p, cap_p) = (p.pos, p.seq, p.k_base, p.v_base, p.cap);
         let group = c.heads / c.kv_heads;
         let tc = self
             .k
@@ -1146,19 +1154,9 @@ impl CudaModel {
         let (mi, rows_i, hb_i) = (m as i32, rows as i32, hb as i32);
         // Every attention kernel takes these first.
         let mut lb = Launch::new(kernel);
-        lb.arg(&q)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&hd)
-            .arg(&scale)
-            .arg(&pos_p)
-            .arg(&seq_p)
-            .arg(&kb_p)
-            .arg(&vb_p)
-            .arg(&cap_p)
-            .arg(&layer)
-            .arg(&attn)
-            .arg(&attn16);
+        lb.arg(&q).arg(&heads).arg(&kv_heads).arg(&hd).arg(&scale);
+        p.cache_args(&mut lb);
+        lb.arg(&layer).arg(&attn).arg(&attn16);
         let blocks = (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1);
         let cfg = match (tc, split) {
             (Some(_), _) => {
@@ -1366,8 +1364,7 @@ impl CudaModel {
         let (x, xn, qkv, q, attn, gu, act) = (p.x, p.xn, p.qkv, p.q, p.attn, p.gu, p.act);
         let (xn16, attn16, act16) = (p.xn16, p.attn16, p.act16);
         let (cos, sin) = (p.cos, p.sin);
-        let (tokens_p, pos_p, seq_p) = (p.tokens, p.pos, p.seq);
-        let (kb_p, vb_p, cap_p) = (p.k_base, p.v_base, p.cap);
+        let tokens_p = p.tokens;
         self.mark_start()?;
         {
             let (code, wp, hk) = (self.embed.code as i32, ptr(&self.embed.data, st), h as i32);
@@ -1411,14 +1408,9 @@ impl CudaModel {
                     .arg(&eps)
                     .arg(&cos)
                     .arg(&sin)
-                    .arg(&interleaved)
-                    .arg(&pos_p)
-                    .arg(&seq_p)
-                    .arg(&kb_p)
-                    .arg(&vb_p)
-                    .arg(&cap_p)
-                    .arg(&layer)
-                    .arg(&q);
+                    .arg(&interleaved);
+                p.cache_args(&mut lb);
+                lb.arg(&layer).arg(&q);
                 let cfg = LaunchConfig {
                     grid_dim: (m as u32, (c.heads + 2 * c.kv_heads) as u32, 1),
                     block_dim: (32, 1, 1),
@@ -1433,23 +1425,23 @@ impl CudaModel {
             self.attention(p, layer)?;
             self.matmul(&b.o, attn, attn16, x, m, h, Out::Add)?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, xn16, m, h)?;
-            if b.gate_up.gated {
-                let (w, _) = &b.gate_up.parts[0];
-                self.matmul(w, xn, xn16, act, m, ff, Out::Gated(act16))?;
-            } else {
-                self.linear(&b.gate_up, xn, xn16, gu, m)?;
-                let (mi, fi) = (m as i32, ff as i32);
-                let mut lb = Launch::new(&self.k.silu_mul);
-                lb.arg(&gu).arg(&act).arg(&act16).arg(&mi).arg(&fi);
-                let cfg = LaunchConfig {
-                    grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`,
-                // `act16` (unless 0) `m * ff / 2` words with `ff` a multiple of 32.
-                unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
-                self.mark(|| "silu_mul".into())?;
+            match &b.gate_up {
+                GateUp::Gated(w) => self.matmul(w, xn, xn16, act, m, ff, Out::Gated(act16))?,
+                GateUp::Split(l) => {
+                    self.linear(l, xn, xn16, gu, m)?;
+                    let (mi, fi) = (m as i32, ff as i32);
+                    let mut lb = Launch::new(&self.k.silu_mul);
+                    lb.arg(&gu).arg(&act).arg(&act16).arg(&mi).arg(&fi);
+                    let cfg = LaunchConfig {
+                        grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`,
+                    // `act16` (unless 0) `m * ff / 2` words with `ff` a multiple of 32.
+                    unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
+                    self.mark(|| "silu_mul".into())?;
+                }
             }
             self.matmul(&b.down, act, act16, x, m, h, Out::Add)?;
         }
