@@ -1,5 +1,7 @@
-//! `cargo xtask bench`: builds and runs the paired benchmark harness.
+//! `cargo xtask bench`: builds and runs the paired benchmark harness, or,
+//! with `--peer`, measures TensorFold beside another engine.
 
+use crate::peer::{Invocation, PeerArgs};
 use clap::Args;
 
 #[derive(Args)]
@@ -19,9 +21,25 @@ pub struct BenchArgs {
     /// Where the target runs: `cpu`, or `cuda` (builds with the `cuda` feature).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    /// Measure beside this engine on the same files (`llama.cpp`).
+    #[arg(long)]
+    pub peer: Option<String>,
+    #[command(flatten)]
+    pub peer_args: PeerArgs,
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(peer) = &args.peer {
+        let how = Invocation {
+            backend: args.backend.clone(),
+            peer: peer.clone(),
+            command: format!(
+                "cargo xtask {}",
+                std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+            ),
+        };
+        return crate::peer::run(&args.peer_args, &how);
+    }
     crate::fetch(args.qwen)?;
     let mode = if args.concurrency {
         Some("--concurrency")

@@ -1,6 +1,7 @@
-//! Project tasks: `cargo xtask models`, `cargo xtask bench`.
+//! Project tasks: `cargo xtask models`, `cargo xtask bench`, `cargo xtask test`.
 
 mod bench;
+mod peer;
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -36,9 +37,11 @@ enum Task {
         all: bool,
     },
     /// Paired benchmarks, measured side by side in one run.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Fetch the test models, then run every test suite.
     Test,
+    /// Redraw a peer run's tables and plot from its report.json.
+    Plot { report: PathBuf },
     /// The exactness suite: drafted against serial, token for token.
     Exact {
         /// Only the fast subset CI runs.
@@ -54,8 +57,9 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Models { all } => fetch(all),
-        Task::Bench(args) => bench::run(args),
+        Task::Bench(args) => bench::run(*args),
         Task::Test => test(),
+        Task::Plot { report } => peer::replot(&report),
         Task::Exact { fast, backend } => {
             fetch(false)?;
             let mut flags = vec!["--backend", backend.as_str()];
@@ -89,14 +93,43 @@ fn harness(bin: &str, flags: &[&str], backend: &str) -> Result<()> {
     cargo(&args)
 }
 
+/// The Python packages the server suite needs, pinned.
+const PYTHON_TEST_PACKAGES: &[&str] = &["openai==3.57.0", "pytest==9.2.0"];
+
+/// Installs the server suite's Python packages unless they import already.
+fn python_test_packages() -> Result<()> {
+    let present = Command::new("python3")
+        .args(["-c", "import openai, pytest"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        return Ok(());
+    }
+    let status = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ])
+        .args(PYTHON_TEST_PACKAGES)
+        .status()?;
+    if !status.success() {
+        bail!("pip install {} failed", PYTHON_TEST_PACKAGES.join(" "));
+    }
+    Ok(())
+}
+
 /// The whole test run, as CI runs it: registry models must be present.
 fn test() -> Result<()> {
     let root = workspace_root();
+    python_test_packages()?;
     fetch(false)?;
     tensorfold_registry::fetch_qwen_small(&root.join("models"))?;
     let status = Command::new(env!("CARGO"))
         .current_dir(&root)
-        .args(["test", "--workspace", "--exclude", "xtask"])
+        .args(["test", "--workspace"])
         .env("TENSORFOLD_REQUIRE_MODELS", "1")
         .status()?;
     if !status.success() {

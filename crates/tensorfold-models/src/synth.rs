@@ -3,6 +3,9 @@
 //!
 //! The tokenizer is byte-level BPE over the 256 byte symbols plus ChatML
 //! control tokens, so any text round-trips; the chat template is ChatML.
+//!
+//! [`write_shaped_gguf`] writes models of real shapes and real size (an 8B
+//! Llama at Q4_K_M), streamed a tensor at a time, for llama.cpp too.
 
 use crate::config::{Arch, ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
@@ -16,6 +19,16 @@ use tensorfold_quant::{Format, GgmlBlocks, Matrix, Storage};
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
+
+mod mix;
+mod shaped;
+mod shapes;
+mod stream;
+mod vocab;
+
+pub use mix::SynthQuant;
+pub use shaped::{write_shaped_gguf, Fallback, ShapedReport, ShapedSpec};
+pub use shapes::Shape;
 
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
@@ -330,6 +343,17 @@ fn ggml_dtype(format: Format) -> GgmlDType {
     }
 }
 
+/// A matrix's values as GGUF stores them (little-endian floats or blocks).
+fn storage_bytes(m: &Matrix) -> Vec<u8> {
+    match m.storage() {
+        Storage::Ggml(b) => GgmlBlocks::as_bytes(b).to_vec(),
+        Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Storage::Affine(_) => unreachable!("GGUF formats only"),
+    }
+}
+
 /// Writes a GGUF file with the tokenizer and ChatML template in its metadata.
 pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
     use gguf_file::Value;
@@ -337,14 +361,7 @@ pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
     let mut qtensors: Vec<(String, QTensor)> = Vec::new();
     for (name, rows, cols, vals, is_matrix) in tensors(spec) {
         let fmt = if is_matrix { spec.format } else { Format::F32 };
-        let m = Matrix::from_f32(fmt, rows, cols, &vals)?;
-        let bytes: Vec<u8> = match m.storage() {
-            Storage::Ggml(b) => GgmlBlocks::as_bytes(b).to_vec(),
-            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Affine(_) => unreachable!("GGUF formats only"),
-        };
+        let bytes = storage_bytes(&Matrix::from_f32(fmt, rows, cols, &vals)?);
         let dims = if is_matrix {
             vec![rows, cols]
         } else {

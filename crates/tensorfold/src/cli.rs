@@ -24,6 +24,54 @@ pub enum Command {
     Serve(ServeArgs),
     /// Write a model as an MLX affine checkpoint (Hugging Face layout).
     Quantize(QuantizeArgs),
+    /// Write a random-weight GGUF of a real model's shape (for speed comparisons).
+    Synth(crate::synth::SynthArgs),
+    /// Time prefill and decode as llama-bench does: one JSON line a cell.
+    Bench(BenchArgs),
+}
+
+/// `tensorfold bench MODEL [-p 512,2048] [-n 128] [-d 0,8192] [-r 3]`.
+///
+/// The cells of llama-bench, on the same kind of input (random token ids):
+/// `pp N` prefills N tokens, `tg N` decodes N tokens serially (no drafts)
+/// after a context of `-d` tokens. Each cell prints one JSON line.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A GGUF file or a Hugging Face model directory.
+    pub model: PathBuf,
+    /// Prompt lengths to prefill (comma-separated; 0 for none).
+    #[arg(
+        short = 'p',
+        long = "prompt",
+        value_delimiter = ',',
+        default_value = "512"
+    )]
+    pub prompt: Vec<usize>,
+    /// Tokens to decode (comma-separated; 0 for none).
+    #[arg(
+        short = 'n',
+        long = "decode",
+        value_delimiter = ',',
+        default_value = "128"
+    )]
+    pub decode: Vec<usize>,
+    /// Context depths the decode cells start from (comma-separated).
+    #[arg(
+        short = 'd',
+        long = "depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub depth: Vec<usize>,
+    /// Timed repetitions of each cell, after one untimed warm-up.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Context window in tokens; default: the largest that fits the memory budget.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Where the model runs: `auto` (a GPU when there is one), `cpu` or `cuda`.
+    #[arg(long, default_value = "auto")]
+    pub backend: tensorfold_engine::BackendChoice,
 }
 
 /// `tensorfold quantize SRC --bits B --group G --out DIR`.

@@ -1,10 +1,12 @@
 //! `tensorfold`: run a prompt, inspect a model, serve the OpenAI API,
-//! quantize a model.
+//! quantize a model, time it.
 
+mod bench;
 mod cli;
 mod quantize;
 mod run;
 mod serve;
+mod synth;
 
 use clap::Parser;
 
@@ -15,6 +17,8 @@ fn main() -> std::process::ExitCode {
         cli::Command::Info(a) => run::info(a),
         cli::Command::Serve(a) => serve::serve(a),
         cli::Command::Quantize(a) => quantize::quantize(a),
+        cli::Command::Synth(a) => synth::synth(a),
+        cli::Command::Bench(a) => bench::bench(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -1,0 +1,144 @@
+//! `tensorfold bench`: prefill and decode timed as llama-bench times them,
+//! so the two engines can be compared cell for cell on the same file.
+
+use crate::cli::{BenchArgs, DraftArgs};
+use anyhow::{bail, Result};
+use serde::Serialize;
+use std::time::Duration;
+use tensorfold_engine::{Completion, Engine, GenerateRequest, Prompt};
+
+/// One cell's result, printed as a JSON line.
+#[derive(Serialize)]
+struct Cell {
+    /// `pp512`, `tg128`, `tg128@d8192`: llama-bench's names.
+    test: String,
+    n_prompt: usize,
+    n_gen: usize,
+    n_depth: usize,
+    backend: String,
+    /// Median over the repetitions.
+    tokens_per_s: f64,
+    samples_tokens_per_s: Vec<f64>,
+}
+
+pub fn bench(args: BenchArgs) -> Result<()> {
+    let no_drafts = DraftArgs {
+        drafter: "none".into(),
+        draft_model: None,
+        no_drafts: true,
+    };
+    let engine = crate::run::load_engine(&args.model, &no_drafts, args.backend, args.context)?;
+    let backend = engine.backend();
+    let vocab = engine.bundle().model.config.vocab_size;
+    let repetitions = args.repetitions.max(1);
+    // One short untimed request: lazy uploads, graph captures, page faults.
+    generate(&engine, random_tokens(vocab, 16, 0), 2)?;
+
+    let mut cells = Vec::new();
+    for &n in args.prompt.iter().filter(|&&n| n > 0) {
+        cells.push((format!("pp{n}"), n, 0, 0));
+    }
+    for &depth in &args.depth {
+        for &n in args.decode.iter().filter(|&&n| n > 0) {
+            let test = match depth {
+                0 => format!("tg{n}"),
+                d => format!("tg{n}@d{d}"),
+            };
+            cells.push((test, 0, n, depth));
+        }
+    }
+    let mut failed = 0;
+    for (test, n_prompt, n_gen, n_depth) in cells {
+        match time_cell(&engine, vocab, repetitions, n_prompt, n_gen, n_depth) {
+            Ok(samples) => {
+                let cell = Cell {
+                    tokens_per_s: median(&samples),
+                    samples_tokens_per_s: samples,
+                    test,
+                    n_prompt,
+                    n_gen,
+                    n_depth,
+                    backend: backend.clone(),
+                };
+                eprintln!("{:<14} {:>10.1} tokens/s", cell.test, cell.tokens_per_s);
+                println!("{}", serde_json::to_string(&cell)?);
+            }
+            // A cell the model cannot run (past its window) is reported and
+            // the others still run.
+            Err(e) => {
+                failed += 1;
+                eprintln!("{test:<14} failed: {e:#}");
+                let line = serde_json::json!({"test": test, "error": format!("{e:#}")});
+                println!("{line}");
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} cell(s) failed");
+    }
+    Ok(())
+}
+
+/// Tokens/s of each repetition of one cell.
+fn time_cell(
+    engine: &Engine,
+    vocab: usize,
+    repetitions: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    n_depth: usize,
+) -> Result<Vec<f64>> {
+    let mut samples = Vec::new();
+    for rep in 0..repetitions {
+        // A fresh prompt each repetition: nothing is reused.
+        let seed = rep as u64 + 1;
+        let rate = if n_gen == 0 {
+            let out = generate(engine, random_tokens(vocab, n_prompt, seed), 1)?;
+            n_prompt as f64 / seconds(out.prefill_time)
+        } else {
+            let context = random_tokens(vocab, n_depth.max(1), seed);
+            let out = generate(engine, context, n_gen)?;
+            if out.completion_tokens != n_gen {
+                bail!("{} of {n_gen} tokens decoded", out.completion_tokens);
+            }
+            // The first token comes with the prefill; the rest are decode steps.
+            (n_gen - 1) as f64 / seconds(out.decode_time)
+        };
+        samples.push(rate);
+    }
+    Ok(samples)
+}
+
+/// A greedy, serial, uncached request: every repetition starts cold.
+fn generate(engine: &Engine, tokens: Vec<u32>, max_tokens: usize) -> Result<Completion> {
+    let mut request = GenerateRequest::new(Prompt::Tokens(tokens));
+    request.max_tokens = max_tokens;
+    request.ignore_eos = true;
+    request.draft = false;
+    request.cache_prompt = false;
+    Ok(engine.generate(&request, &mut |_| true)?)
+}
+
+/// Token ids drawn uniformly from the vocabulary, as llama-bench draws them.
+fn random_tokens(vocab: usize, count: usize, seed: u64) -> Vec<u32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..count)
+        .map(|_| {
+            // xorshift64: cheap, deterministic, good enough for token ids.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64().max(1e-9)
+}
+
+fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
