@@ -15,7 +15,7 @@ mod server;
 
 use anyhow::{bail, Context, Result};
 use cells::CellSpec;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use load::LoadSpec;
 use report::{EngineReport, ModelReport, Report};
 use server::Server;
@@ -39,7 +39,7 @@ pub struct PeerArgs {
     pub levels: Vec<usize>,
     /// Serving modes: `greedy` and/or `sampled` (T 0.8, top-p 0.95, a seed per request).
     #[arg(long, value_delimiter = ',', default_value = "greedy,sampled")]
-    pub modes: Vec<String>,
+    pub modes: Vec<Mode>,
     /// Reply length of each served request (and `tg` of the one-stream cells).
     #[arg(long, default_value_t = 128)]
     pub max_tokens: usize,
@@ -56,9 +56,9 @@ pub struct PeerArgs {
     /// Timed repetitions of each one-stream cell (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub repetitions: usize,
-    /// Only `cells` or only `serving`.
+    /// Only the one-stream cells, or only the serving cells.
     #[arg(long)]
-    pub only: Option<String>,
+    pub only: Option<Part>,
     /// Longest one serving level may take; unfinished streams are dropped
     /// and the level reported as such.
     #[arg(long, default_value_t = 150)]
@@ -72,6 +72,38 @@ pub struct PeerArgs {
     /// Where results go (a folder per run is made inside).
     #[arg(long, default_value = "results")]
     pub results: PathBuf,
+}
+
+/// The two halves of a run.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Part {
+    Cells,
+    Serving,
+}
+
+/// How served requests pick tokens.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Greedy,
+    /// Temperature 0.8, top-p 0.95, a seed per request.
+    Sampled,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Greedy => "greedy",
+            Mode::Sampled => "sampled",
+        }
+    }
+
+    /// (temperature, top-p), or `None` for greedy.
+    fn sampling(self) -> Option<(f64, f64)> {
+        match self {
+            Mode::Greedy => None,
+            Mode::Sampled => Some((0.8, 0.95)),
+        }
+    }
 }
 
 /// How the peer run was asked for, for the report.
@@ -112,90 +144,83 @@ pub fn run(args: &PeerArgs, how: &Invocation) -> Result<()> {
     };
     for model in &models {
         eprintln!("peer: {} ({:?})", model.name, model.path);
-        let log = |engine: &str, what: &str| {
-            logs.join(format!("{}-{engine}-{what}.log", stem(&model.path)))
-        };
-        let mut peer = EngineReport::new("llama.cpp");
-        let mut ours = EngineReport::new("TensorFold");
-        let spec = CellSpec {
-            prefill: args.prefill.clone(),
-            decode: args.max_tokens,
-            depths: args.depths.clone(),
-            repetitions: args.repetitions,
-        };
-        match &llama {
-            Err(e) => peer.error = Some(format!("could not be built: {e:#}")),
-            Ok(llama) => {
-                if args.only.as_deref() != Some("serving") {
-                    match cells::llama_bench(
-                        llama,
-                        &model.path,
-                        backend,
-                        &spec,
-                        &log("llama.cpp", "bench"),
-                    ) {
-                        Ok(f) => peer.cells = f,
-                        Err(e) => peer.cells_error = Some(format!("{e:#}")),
-                    }
-                }
-            }
-        }
-        if args.only.as_deref() != Some("serving") {
-            match cells::tensorfold_bench(
-                &tensorfold,
-                &model.path,
-                backend,
-                &spec,
-                &log("tensorfold", "bench"),
-                &mut ours.cell_errors,
-            ) {
-                Ok(f) => ours.cells = f,
-                Err(e) => ours.cells_error = Some(format!("{e:#}")),
-            }
-        }
-        if args.only.as_deref() != Some("cells") {
-            if let Ok(llama) = &llama {
-                serve(
-                    &mut peer,
-                    args,
-                    model,
-                    |port| llama_server(llama, &model.path, backend, port, args),
-                    &log("llama.cpp", "server"),
-                );
-            }
-            serve(
-                &mut ours,
-                args,
-                model,
-                |port| {
-                    let mut command = Command::new(&tensorfold);
-                    command
-                        .arg("serve")
-                        .arg(&model.path)
-                        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                        .args(["--backend", backend]);
-                    command
-                },
-                &log("tensorfold", "server"),
-            );
-        }
-        report.models.push(ModelReport {
-            name: model.name.clone(),
-            file: model.path.display().to_string(),
-            bytes: std::fs::metadata(&model.path).map_or(0, |m| m.len()),
-            cells: if args.only.as_deref() == Some("serving") {
-                Vec::new()
-            } else {
-                cells::names(&spec)
-            },
-            engines: vec![peer, ours],
-        });
+        let measured = measure(model, args, backend, &tensorfold, &llama, &logs);
+        report.models.push(measured);
         // Written after every model: a long run keeps what it measured.
         save(&report, &folder)?;
     }
     print!("{}", report::markdown(&report));
     eprintln!("peer: results in {folder:?}");
     Ok(())
+}
+
+/// Both engines on one model: the one-stream cells of each, then each
+/// server under load (one server at a time, so neither shares the device).
+fn measure(
+    model: &Model,
+    args: &PeerArgs,
+    backend: &str,
+    tensorfold: &Path,
+    llama: &Result<llama_cpp::LlamaCpp>,
+    logs: &Path,
+) -> ModelReport {
+    let log =
+        |engine: &str, what: &str| logs.join(format!("{}-{engine}-{what}.log", stem(&model.path)));
+    let spec = CellSpec {
+        prefill: args.prefill.clone(),
+        decode: args.max_tokens,
+        depths: args.depths.clone(),
+        repetitions: args.repetitions,
+    };
+    let with_cells = args.only != Some(Part::Serving);
+    let with_serving = args.only != Some(Part::Cells);
+    let mut peer = EngineReport::new("llama.cpp");
+    let mut ours = EngineReport::new("TensorFold");
+    if let Err(e) = llama {
+        peer.error = Some(format!("could not be built: {e:#}"));
+    }
+    if with_cells {
+        if let Ok(llama) = llama {
+            let bench_log = log("llama.cpp", "bench");
+            match cells::llama_bench(llama, &model.path, backend, &spec, &bench_log) {
+                Ok(figures) => peer.cells = figures,
+                Err(e) => peer.cells_error = Some(format!("{e:#}")),
+            }
+        }
+        let bench_log = log("tensorfold", "bench");
+        let errors = &mut ours.cell_errors;
+        match cells::tensorfold_bench(tensorfold, &model.path, backend, &spec, &bench_log, errors) {
+            Ok(figures) => ours.cells = figures,
+            Err(e) => ours.cells_error = Some(format!("{e:#}")),
+        }
+    }
+    if with_serving {
+        if let Ok(llama) = llama {
+            let server = |port| llama_server(llama, &model.path, backend, port, args);
+            serve(&mut peer, args, model, server, &log("llama.cpp", "server"));
+        }
+        let server = |port: u16| {
+            let mut command = Command::new(tensorfold);
+            command
+                .arg("serve")
+                .arg(&model.path)
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--backend", backend]);
+            command
+        };
+        serve(&mut ours, args, model, server, &log("tensorfold", "server"));
+    }
+    ModelReport {
+        name: model.name.clone(),
+        file: model.path.display().to_string(),
+        bytes: std::fs::metadata(&model.path).map_or(0, |m| m.len()),
+        cells: if with_cells {
+            cells::names(&spec)
+        } else {
+            Vec::new()
+        },
+        engines: vec![peer, ours],
+    }
 }
 
 /// Writes the JSON, the Markdown and (where a font is found) the plot.
@@ -301,7 +326,8 @@ fn stem(path: &Path) -> String {
     )
 }
 
-/// Starts a server, runs every mode's levels against it, stops it.
+/// Starts a server, runs every mode's levels against it, stops it; a
+/// server that does not start is recorded as such.
 fn serve(
     engine: &mut EngineReport,
     args: &PeerArgs,
@@ -309,30 +335,32 @@ fn serve(
     command: impl Fn(u16) -> Command,
     log: &Path,
 ) {
-    let result = (|| -> Result<()> {
-        let port = server::free_port()?;
-        let server = Server::start(command(port), port, log, Duration::from_secs(600))?;
-        for mode in &args.modes {
-            let sampling = match mode.as_str() {
-                "greedy" => None,
-                "sampled" => Some((0.8, 0.95)),
-                other => bail!("unknown mode {other:?}: greedy or sampled"),
-            };
-            let spec = LoadSpec {
-                max_tokens: args.max_tokens,
-                prompt_chars: args.prompt_tokens * model.chars_per_token,
-                sampling,
-                deadline: Duration::from_secs(args.deadline_s),
-            };
-            eprintln!("peer: {} {mode} {:?}", engine.engine, args.levels);
-            let levels = load::run(&server.url, &args.levels, &spec);
-            engine.serving.insert(mode.clone(), levels);
-        }
-        Ok(())
-    })();
-    if let Err(e) = result {
+    if let Err(e) = serve_levels(engine, args, model, command, log) {
         engine.serving_error = Some(format!("{e:#}"));
     }
+}
+
+fn serve_levels(
+    engine: &mut EngineReport,
+    args: &PeerArgs,
+    model: &Model,
+    command: impl Fn(u16) -> Command,
+    log: &Path,
+) -> Result<()> {
+    let port = server::free_port()?;
+    let server = Server::start(command(port), port, log, Duration::from_secs(600))?;
+    for &mode in &args.modes {
+        let spec = LoadSpec {
+            max_tokens: args.max_tokens,
+            prompt_chars: args.prompt_tokens * model.chars_per_token,
+            sampling: mode.sampling(),
+            deadline: Duration::from_secs(args.deadline_s),
+        };
+        eprintln!("peer: {} {} {:?}", engine.engine, mode.name(), args.levels);
+        let levels = load::run(&server.url, &args.levels, &spec);
+        engine.serving.insert(mode.name().to_string(), levels);
+    }
+    Ok(())
 }
 
 fn llama_server(

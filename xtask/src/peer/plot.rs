@@ -77,13 +77,18 @@ pub fn write(report: &Report, path: &Path) -> Result<()> {
                     .filter(|l| l.failed < l.streams)
                     .map(|l| ((l.streams as f64).log2(), l.aggregate_tokens_per_s))
                     .collect();
-                let style = if mode == "greedy" {
-                    color.stroke_width(3)
+                // Sampled lines are dashed: where both modes give the same
+                // rate, the greedy line must not hide the sampled one.
+                let (style, series) = if mode == "greedy" {
+                    let style = color.stroke_width(3);
+                    let line = LineSeries::new(points.clone(), style);
+                    (style, chart.draw_series(line))
                 } else {
-                    color.mix(0.55).stroke_width(2)
+                    let style = color.mix(0.6).stroke_width(2);
+                    let line = DashedLineSeries::new(points.clone(), 8, 5, style);
+                    (style, chart.draw_series(line))
                 };
-                chart
-                    .draw_series(LineSeries::new(points.clone(), style))
+                series
                     .map_err(draw_error)?
                     .label(format!("{} {mode}", engine.engine))
                     .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
