@@ -105,6 +105,11 @@ fn python_test_packages() -> Result<()> {
     if present {
         return Ok(());
     }
+    pip_install(PYTHON_TEST_PACKAGES)
+}
+
+/// `pip install` of pinned or named packages, quietly.
+pub fn pip_install(packages: &[&str]) -> Result<()> {
     let status = Command::new("python3")
         .args([
             "-m",
@@ -113,10 +118,10 @@ fn python_test_packages() -> Result<()> {
             "--quiet",
             "--disable-pip-version-check",
         ])
-        .args(PYTHON_TEST_PACKAGES)
+        .args(packages)
         .status()?;
     if !status.success() {
-        bail!("pip install {} failed", PYTHON_TEST_PACKAGES.join(" "));
+        bail!("pip install {} failed", packages.join(" "));
     }
     Ok(())
 }

@@ -56,6 +56,23 @@ pub enum Format {
 }
 
 impl Format {
+    /// Every format, floats first.
+    pub const ALL: [Format; 13] = [
+        Format::F32,
+        Format::F16,
+        Format::Bf16,
+        Format::Q4_0,
+        Format::Q4_1,
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q8_0,
+        Format::Q2K,
+        Format::Q3K,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
+    ];
+
     /// Elements per quantization block (1 for float formats).
     pub fn block_elems(self) -> usize {
         match self {

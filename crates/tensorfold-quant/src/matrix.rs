@@ -357,21 +357,7 @@ mod tests {
     use crate::testing::values;
     use proptest::prelude::*;
 
-    const FORMATS: [Format; 13] = [
-        Format::F32,
-        Format::F16,
-        Format::Bf16,
-        Format::Q4_0,
-        Format::Q4_1,
-        Format::Q5_0,
-        Format::Q5_1,
-        Format::Q8_0,
-        Format::Q2K,
-        Format::Q3K,
-        Format::Q4K,
-        Format::Q5K,
-        Format::Q6K,
-    ];
+    const FORMATS: [Format; 13] = Format::ALL;
 
     #[test]
     fn bytes_round_trip_every_format() {

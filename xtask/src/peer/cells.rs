@@ -132,31 +132,27 @@ pub fn tensorfold_bench(
 /// Runs `command`; returns its stdout whatever its exit status (a failed
 /// cell is reported on stdout), its stderr going to `log`.
 fn capture_all(command: &mut Command, log: &Path) -> Result<String> {
-    let err = std::fs::File::create(log)?;
-    let out = command
-        .stdin(Stdio::null())
-        .stderr(err)
-        .output()
-        .with_context(|| format!("starting {:?}", command.get_program()))?;
+    let out = run_logged(command, log)?;
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Runs `command`; returns its stdout, its stderr going to `log`.
 fn capture(command: &mut Command, log: &Path) -> Result<String> {
+    let out = run_logged(command, log)?;
+    if !out.status.success() {
+        let program = command.get_program();
+        bail!("{program:?} failed ({}); see {log:?}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn run_logged(command: &mut Command, log: &Path) -> Result<std::process::Output> {
     let err = std::fs::File::create(log)?;
-    let out = command
+    command
         .stdin(Stdio::null())
         .stderr(err)
         .output()
-        .with_context(|| format!("starting {:?}", command.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} failed ({}); see {log:?}",
-            command.get_program(),
-            out.status
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        .with_context(|| format!("starting {:?}", command.get_program()))
 }
 
 /// `[512, 2048]` as `512,2048`, as both tools take lists.

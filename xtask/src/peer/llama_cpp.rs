@@ -180,18 +180,7 @@ fn build_tools() -> Result<PathBuf> {
             .is_ok_and(|o| o.status.success())
     };
     if !(found("cmake") && found("ninja")) {
-        run(
-            Command::new("python3")
-                .args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                ])
-                .args(["cmake", "ninja"]),
-            "pip install cmake ninja",
-        )?;
+        crate::pip_install(&["cmake", "ninja"])?;
     }
     Ok(PathBuf::from("cmake"))
 }

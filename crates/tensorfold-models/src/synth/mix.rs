@@ -40,22 +40,8 @@ impl SynthQuant {
         if upper == "Q4_K_M" {
             return Ok(SynthQuant::Q4KM);
         }
-        let all = [
-            Format::F32,
-            Format::F16,
-            Format::Bf16,
-            Format::Q4_0,
-            Format::Q4_1,
-            Format::Q5_0,
-            Format::Q5_1,
-            Format::Q8_0,
-            Format::Q2K,
-            Format::Q3K,
-            Format::Q4K,
-            Format::Q5K,
-            Format::Q6K,
-        ];
-        all.into_iter()
+        Format::ALL
+            .into_iter()
             .find(|f| f.name() == upper)
             .map(SynthQuant::Uniform)
             .ok_or_else(|| {
