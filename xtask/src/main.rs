@@ -14,6 +14,12 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Where cargo puts builds: `CARGO_TARGET_DIR`, else the workspace's `target/`.
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from)
+}
+
 /// Fetches into the workspace's `models/`.
 fn fetch(all: bool) -> Result<()> {
     tensorfold_registry::fetch(&workspace_root().join("models"), all)
@@ -141,8 +147,7 @@ fn test() -> Result<()> {
         bail!("cargo test failed");
     }
     // The server suite drives the binary the tests just built.
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    let target = target_dir();
     let status = Command::new("python3")
         .current_dir(&root)
         .args(["-m", "pytest", "tests/python", "-q"])

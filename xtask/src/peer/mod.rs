@@ -394,10 +394,7 @@ fn build_tensorfold(backend: &str) -> Result<PathBuf> {
         args.extend(["--features", "cuda"]);
     }
     crate::cargo(&args)?;
-    let root = crate::workspace_root();
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    Ok(target.join("release").join("tensorfold"))
+    Ok(crate::target_dir().join("release").join("tensorfold"))
 }
 
 fn tensorfold_version(bin: &Path) -> String {
