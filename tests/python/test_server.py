@@ -9,7 +9,7 @@ import openai
 import pytest
 
 MODEL = "test-model"
-PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+PARIS = [{"role": "user", "content": "Name the capital of France."}]
 
 
 def chat(client, **kw):
@@ -159,7 +159,7 @@ def test_tool_choice_none_hides_tools(qwen):
 
 
 def test_responses_basic(client):
-    r = client.responses.create(model=MODEL, input="What is the capital of France?", max_output_tokens=24,
+    r = client.responses.create(model=MODEL, input="Name the capital of France.", max_output_tokens=24,
                                 temperature=0)
     assert "Paris" in r.output_text
 
@@ -228,7 +228,7 @@ def test_disconnect_cancels_generation(server, client):
 def test_concurrent_streams_equal_solo(client):
     """Eight requests at once, mixed settings: each reply equals the same
     request served alone without drafts."""
-    prompts = ["What is the capital of France?", "Repeat exactly: red, green, blue, red, green, blue.",
+    prompts = ["Name the capital of France.", "Repeat exactly: red, green, blue, red, green, blue.",
                "Write a haiku about the sea.", "Count from one to ten."]
     settings = [dict(temperature=0), dict(temperature=0.8, seed=3), dict(temperature=1.1, seed=8, top_p=0.9),
                 dict(temperature=0, stop=["\n"])]

@@ -256,6 +256,7 @@ fn rows_narrower_than_32_inputs_run_and_stay_invariant() {
     let model = tensorfold_models::load(&d).unwrap().model;
     let g = CudaModel::upload(&model, 0).unwrap();
     assert_invariant(&g, "narrow llama f32", 77);
+    tensorfold_models::set_float_products(true);
     let mut cpu_kv = tensorfold_kv::KvCache::new(model.config.kv_shape());
     let cpu = model.forward(&tokens(20, 3), &mut cpu_kv, Logits::All);
     let gpu = g
@@ -369,6 +370,9 @@ fn assert_close_to_cpu(
     what: &str,
     seed: u64,
 ) {
+    // The device multiplies decoded weights in float; so does this CPU
+    // reference (its integer products quantize the inputs to 8 bits).
+    tensorfold_models::set_float_products(true);
     let quantized = match model.blocks[0].q.format() {
         Encoding::Plain(f) => f.block_elems() > 1,
         Encoding::Affine(..) => false,

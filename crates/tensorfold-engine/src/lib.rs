@@ -5,7 +5,7 @@
 //! ```no_run
 //! use tensorfold_engine::{Engine, GenerateRequest, Prompt};
 //! let engine = Engine::load("models/smollm2-135m-instruct-q4_1.gguf".as_ref())?;
-//! let mut req = GenerateRequest::new(Prompt::chat_user("What is the capital of France?"));
+//! let mut req = GenerateRequest::new(Prompt::chat_user("Name the capital of France."));
 //! req.max_tokens = 32;
 //! let out = engine.generate(&req, &mut |delta| { print!("{delta}"); true })?;
 //! eprintln!("{} tokens", out.completion_tokens);

@@ -32,7 +32,7 @@ pub use decoder::{Block, Forward, ForwardError, Logits, Model, Seq};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;
-pub use tensorfold_quant::{Affine, Encoding, Format, QuantRule, ScaleDtype};
+pub use tensorfold_quant::{set_float_products, Affine, Encoding, Format, QuantRule, ScaleDtype};
 
 use serde::Serialize;
 use std::collections::BTreeMap;

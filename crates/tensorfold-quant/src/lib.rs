@@ -12,6 +12,7 @@
 mod affine;
 mod dot;
 mod ggml;
+mod integer;
 mod matrix;
 
 /// Deterministic pseudo-random weights in [-0.5, 0.5) for the unit tests.
@@ -35,7 +36,7 @@ pub use affine::{
 };
 pub use dot::{dot, dot_portable, sum_squares};
 pub use ggml::GgmlBlocks;
-pub use matrix::{Matrix, Storage};
+pub use matrix::{set_float_products, Matrix, Storage};
 
 /// Storage formats a weight can be in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

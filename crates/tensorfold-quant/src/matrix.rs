@@ -4,6 +4,7 @@ use crate::dot::dot_block;
 use crate::{AffineBlocks, Encoding, Format, GgmlBlocks, QuantError};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How a matrix's values are stored.
 #[derive(Clone)]
@@ -207,6 +208,12 @@ impl Matrix {
         if m == 0 || n == 0 {
             return;
         }
+        if let Storage::Ggml(blocks) = &self.storage {
+            if crate::integer::layout(blocks.format()).is_some() && integer_products() {
+                crate::integer::matmul(blocks.format(), blocks.as_bytes(), n, k, x, m, out);
+                return;
+            }
+        }
         let tiles = n.div_ceil(TILE);
         let out = OutPtr(out.as_mut_ptr());
         let run = |t: usize| {
@@ -270,6 +277,25 @@ impl Matrix {
             i += r;
         }
     }
+}
+
+static FLOAT_PRODUCTS: AtomicBool = AtomicBool::new(false);
+
+/// Makes block-quantized weights multiply as decoded f32 values instead of
+/// in integers (as `TENSORFOLD_CPU_KERNELS=float` does at start): the float
+/// product is kept to measure the integer one's quality against.
+pub fn set_float_products(on: bool) {
+    FLOAT_PRODUCTS.store(on, Ordering::Relaxed);
+}
+
+fn integer_products() -> bool {
+    static FROM_ENV: std::sync::Once = std::sync::Once::new();
+    FROM_ENV.call_once(|| {
+        if std::env::var("TENSORFOLD_CPU_KERNELS").as_deref() == Ok("float") {
+            set_float_products(true);
+        }
+    });
+    !FLOAT_PRODUCTS.load(Ordering::Relaxed)
 }
 
 /// Weight rows decoded together; each is decoded once per call and reused
@@ -394,7 +420,16 @@ mod tests {
                 w.row_f32(j, &mut row);
                 for i in 0..m {
                     let exact: f64 = (0..k).map(|c| x[i * k + c] as f64 * row[c] as f64).sum();
-                    assert!((out[i * n + j] as f64 - exact).abs() < 1e-3, "{f}");
+                    // Integer kernels quantize the inputs to 8 bits per block.
+                    let tolerance = if crate::integer::layout(f).is_some() {
+                        (0..k)
+                            .map(|c| (x[i * k + c] as f64 * row[c] as f64).abs())
+                            .sum::<f64>()
+                            * 0.01
+                    } else {
+                        1e-3
+                    };
+                    assert!((out[i * n + j] as f64 - exact).abs() < tolerance, "{f}");
                 }
             }
         }
@@ -408,17 +443,12 @@ mod tests {
 
     /// Every row of every call height 1..=17 (all kernel shapes and their
     /// remainders, a partial last tile) has the bits of the portable order
-    /// applied to the decoded weights.
+    /// applied to the decoded weights, for the formats the float kernels
+    /// take (the integer kernels test their own order).
     #[test]
     fn rows_equal_the_portable_order_for_every_height() {
         let (n, k) = (21, 288);
-        for f in [
-            Format::F32,
-            Format::F16,
-            Format::Q4_1,
-            Format::Q8_0,
-            Format::Q4K,
-        ] {
+        for f in [Format::F32, Format::F16, Format::Bf16, Format::Q3K] {
             let k = if f.block_elems() == 256 {
                 256
             } else {

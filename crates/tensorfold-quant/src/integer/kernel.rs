@@ -1,0 +1,439 @@
+//! The integer dot of quantized input rows with unpacked weight rows, in
+//! the one order every path computes (see [`reference`]).
+
+use super::activations::QuantizedRows;
+use super::unpack::{Layout, UnpackedRows};
+use super::{BLOCK, HALF};
+
+/// Lanes of the running float sums, as in [`crate::dot`].
+const LANES: usize = 8;
+
+/// The instruction sets the kernels come in, picked once from the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every set this CPU runs, the portable one first.
+    #[cfg(test)]
+    pub fn available() -> Vec<Isa> {
+        let mut all = vec![Isa::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            if avx2 {
+                all.push(Isa::Avx2);
+            }
+            if avx2
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                all.push(Isa::Avx512Vnni);
+            }
+        }
+        all
+    }
+
+    /// Input rows one kernel call takes at most (its registers' worth).
+    pub fn max_rows(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => 4,
+            _ => 2,
+        }
+    }
+
+    /// The fastest this CPU runs (`TENSORFOLD_CPU_KERNELS=portable` forces
+    /// the portable one).
+    pub fn detect() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            if std::env::var("TENSORFOLD_CPU_KERNELS").as_deref() == Ok("portable") {
+                return Isa::Portable;
+            }
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+                if avx2
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+                {
+                    return Isa::Avx512Vnni;
+                }
+                if avx2 {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Portable
+        })
+    }
+}
+
+/// Where one kernel call reads: input rows `r0..r0 + R` and weight rows
+/// `j0..j0 + W` of the tile.
+pub(crate) struct Operands<'a> {
+    pub inputs: &'a QuantizedRows,
+    pub r0: usize,
+    pub weights: &'a UnpackedRows,
+    /// The weights' 8-bit values: the unpacked ones, or the GGUF bytes.
+    pub values: Values<'a>,
+    pub j0: usize,
+    pub layout: Layout,
+}
+
+/// 8-bit weight values, 32 per block: block `b` of row `j` starts at
+/// `start + j * row_stride + b * block_stride`.
+#[derive(Clone, Copy)]
+pub(crate) struct Values<'a> {
+    pub data: &'a [i8],
+    pub start: usize,
+    pub row_stride: usize,
+    pub block_stride: usize,
+}
+
+impl Values<'_> {
+    fn at(&self, j: usize, b: usize) -> usize {
+        self.start + j * self.row_stride + b * self.block_stride
+    }
+
+    /// Checks that rows `j0..j0 + rows`, `blocks` long, are in bounds.
+    fn check(&self, j0: usize, rows: usize, blocks: usize) {
+        assert!(
+            rows > 0 && blocks > 0 && self.at(j0 + rows - 1, blocks - 1) + BLOCK <= self.data.len()
+        );
+    }
+}
+
+impl Operands<'_> {
+    fn blocks(&self) -> usize {
+        self.inputs.blocks_per_row()
+    }
+
+    /// The float part of the weight rows' minimums, `out[r][j]`: one
+    /// fixed-order dot ([`crate::dot`]'s) of the weight row's block minimums
+    /// with the input row's block sums, added after the integer part.
+    fn mins<const R: usize, const W: usize>(&self) -> Option<[[f32; W]; R]> {
+        if !self.layout.block_mins {
+            return None;
+        }
+        let blocks = self.blocks();
+        let x = &self.inputs.block_sums[self.r0 * blocks..];
+        let w = &self.weights.block_mins[self.j0 * blocks..];
+        assert!(x.len() >= R * blocks && w.len() >= W * blocks);
+        let mut out = [[0f32; W]; R];
+        // SAFETY: `R` rows of `x` and `W` of `w`, `blocks` apart and long,
+        // asserted above.
+        unsafe {
+            crate::dot::dot_block::<R, W>(x.as_ptr(), blocks, w.as_ptr(), blocks, blocks, &mut out)
+        };
+        Some(out)
+    }
+}
+
+fn combine(v: &[f32; LANES]) -> f32 {
+    ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+}
+
+/// The order, written for clarity: the definition the fast paths match.
+///
+/// For input row `r` and weight row `j`, block by block: lane `l` of a
+/// block is the exact integer sum of the products of its elements
+/// `4l..4l + 4`; it is converted to float and fused-multiply-added, with
+/// factor `weight half-block scale * input block scale` (one rounding),
+/// into lane `l` of the even or the odd blocks' running sums. The two sums
+/// are added lane by lane, the lanes combined as [`crate::dot`] combines
+/// them, and a format's minimums added last as one [`crate::dot`] of its
+/// block minimums with the input's block sums.
+pub(crate) fn reference(ops: &Operands, r: usize, j: usize) -> f32 {
+    let (blocks, cols) = (ops.blocks(), ops.inputs.cols);
+    let x = &ops.inputs.values[(ops.r0 + r) * cols..][..cols];
+    let half_scales = &ops.weights.half_scales[(ops.j0 + j) * 2 * blocks..][..2 * blocks];
+    let mut acc = [[0f32; LANES]; 2];
+    for b in 0..blocks {
+        let x_scale = ops.inputs.scales[(ops.r0 + r) * blocks + b];
+        let w = &ops.values.data[ops.values.at(ops.j0 + j, b)..][..BLOCK];
+        for (l, lane) in acc[b % 2].iter_mut().enumerate() {
+            let e = b * BLOCK + 4 * l;
+            let sum: i32 = (0..4).map(|i| x[e + i] as i32 * w[4 * l + i] as i32).sum();
+            let factor = half_scales[(b * BLOCK + 4 * l) / HALF] * x_scale;
+            *lane = factor.mul_add(sum as f32, *lane);
+        }
+    }
+    let lanes = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
+    let main = combine(&lanes);
+    if ops.layout.block_mins {
+        let (x, w) = (
+            &ops.inputs.block_sums[(ops.r0 + r) * blocks..][..blocks],
+            &ops.weights.block_mins[(ops.j0 + j) * blocks..][..blocks],
+        );
+        main + crate::dot_portable(x, w)
+    } else {
+        main
+    }
+}
+
+/// `out[r][j]` for `R` input rows and `W` weight rows at once.
+pub(crate) fn dots<const R: usize, const W: usize>(
+    isa: Isa,
+    ops: &Operands,
+    out: &mut [[f32; W]; R],
+) {
+    *out = match isa {
+        Isa::Portable => std::array::from_fn(|r| std::array::from_fn(|j| reference(ops, r, j))),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx2` is only detected where AVX2 and FMA run.
+        Isa::Avx2 => unsafe { avx2::main::<R, W>(ops) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512Vnni` only where AVX-512 F/BW/VNNI run.
+        Isa::Avx512Vnni => unsafe { avx512::main::<R, W>(ops) },
+    };
+    if isa != Isa::Portable {
+        if let Some(mins) = ops.mins::<R, W>() {
+            for (row, mins) in out.iter_mut().zip(mins) {
+                row.iter_mut().zip(mins).for_each(|(o, m)| *o += m);
+            }
+        }
+    }
+}
+
+/// Pointers and strides one SIMD kernel call reads, bounds checked once.
+#[cfg(target_arch = "x86_64")]
+struct Rows<'a> {
+    x: *const i8,
+    cols: usize,
+    x_scales: &'a [f32],
+    w: *const i8,
+    row_stride: usize,
+    block_stride: usize,
+    half_scales: &'a [f32],
+    blocks: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> Rows<'a> {
+    fn new(ops: &'a Operands, rows: usize, weight_rows: usize) -> Rows<'a> {
+        let (blocks, cols) = (ops.blocks(), ops.inputs.cols);
+        assert!(ops.inputs.values.len() >= (ops.r0 + rows) * cols);
+        ops.values.check(ops.j0, weight_rows, blocks);
+        Rows {
+            x: ops.inputs.values[ops.r0 * cols..].as_ptr(),
+            cols,
+            x_scales: &ops.inputs.scales[ops.r0 * blocks..][..rows * blocks],
+            w: ops.values.data[ops.values.at(ops.j0, 0)..].as_ptr(),
+            row_stride: ops.values.row_stride,
+            block_stride: ops.values.block_stride,
+            half_scales: &ops.weights.half_scales[ops.j0 * 2 * blocks..]
+                [..weight_rows * 2 * blocks],
+            blocks,
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{combine, Operands, Rows, BLOCK, LANES};
+    use std::arch::x86_64::*;
+
+    /// The integer and float parts of [`super::reference`] for `R x W`
+    /// dots: each loaded input block feeds `W` weight blocks and each
+    /// weight block (its magnitudes and signs taken once) `R` input blocks.
+    /// An 8-bit product pair sums to at most `2 * 127 * 127`, so the 16-bit
+    /// pair sums of `maddubs` never saturate and the lanes are exact.
+    ///
+    /// # Safety
+    /// AVX2 and FMA must be available.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn main<const R: usize, const W: usize>(ops: &Operands) -> [[f32; W]; R] {
+        let rows = Rows::new(ops, R, W);
+        let Rows {
+            x,
+            cols,
+            x_scales,
+            w,
+            row_stride,
+            block_stride,
+            half_scales,
+            blocks,
+        } = rows;
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; W]; R];
+        // Block `b` into the running sums of `parity` (a macro: the parity
+        // must be a constant for the sums to stay in registers).
+        macro_rules! step {
+            ($b:expr, $parity:expr) => {{
+                let b = $b;
+                let mut xv = [_mm256_setzero_si256(); R];
+                let mut x_factors = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    // SAFETY: block `b < blocks` of input row `r < R`, checked in `Rows::new`.
+                    xv[r] = unsafe {
+                        _mm256_loadu_si256(x.add(r * cols + b * BLOCK) as *const __m256i)
+                    };
+                    x_factors[r] = _mm256_set1_ps(x_scales[r * blocks + b]);
+                }
+                for j in 0..W {
+                    // SAFETY: block `b` of weight row `j < W`, checked in `Rows::new`.
+                    let wv = unsafe {
+                        _mm256_loadu_si256(
+                            w.add(j * row_stride + b * block_stride) as *const __m256i
+                        )
+                    };
+                    let magnitudes = _mm256_sign_epi8(wv, wv);
+                    let h = &half_scales[j * 2 * blocks + 2 * b..][..2];
+                    let w_factors = _mm256_set_m128(_mm_set1_ps(h[1]), _mm_set1_ps(h[0]));
+                    for r in 0..R {
+                        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xv[r], wv));
+                        let lanes = _mm256_madd_epi16(pairs, ones);
+                        let factors = _mm256_mul_ps(w_factors, x_factors[r]);
+                        let sums = &mut acc[r][j][$parity];
+                        *sums = _mm256_fmadd_ps(factors, _mm256_cvtepi32_ps(lanes), *sums);
+                    }
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, 0);
+            step!(b + 1, 1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, 0);
+        }
+        std::array::from_fn(|r| {
+            std::array::from_fn(|j| {
+                let mut lanes = [0f32; LANES];
+                // SAFETY: `lanes` holds eight floats.
+                unsafe {
+                    _mm256_storeu_ps(
+                        lanes.as_mut_ptr(),
+                        _mm256_add_ps(acc[r][j][0], acc[r][j][1]),
+                    )
+                };
+                combine(&lanes)
+            })
+        })
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{combine, Operands, Rows, BLOCK, LANES};
+    use std::arch::x86_64::*;
+
+    /// [`super::avx2::main`] two blocks at a time: the low eight lanes of a
+    /// register hold the even block's sums and the high eight the odd
+    /// block's, so the even and odd running sums are those of AVX2. VNNI's
+    /// `dpbusd` sums four unsigned-by-signed 8-bit products per lane
+    /// exactly, so the weights enter offset by 128 (unsigned) and each
+    /// lane starts from `-128 *` its four inputs' sum.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VNNI must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn main<const R: usize, const W: usize>(ops: &Operands) -> [[f32; W]; R] {
+        let rows = Rows::new(ops, R, W);
+        let Rows {
+            x,
+            cols,
+            x_scales,
+            w,
+            row_stride,
+            block_stride,
+            half_scales,
+            blocks,
+        } = rows;
+        let zero = _mm512_setzero_si512();
+        let offset = _mm512_set1_epi8(-128);
+        // Lane `l` takes element `l / 8` (input scales) or `l / 4` (weight
+        // half scales) of the first 128 bits.
+        let by_eight = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        let by_four = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        // The floats `v[at..at + n]` (`n <= 4`, zeros after), spread by
+        // `index` (a macro, not a closure, so it inlines with AVX-512).
+        macro_rules! spread {
+            ($v:expr, $at:expr, $n:expr, $index:expr) => {{
+                let (v, at, n): (&[f32], usize, usize) = ($v, $at, $n);
+                assert!(at + n <= v.len());
+                // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
+                let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
+                _mm512_permutexvar_ps($index, four)
+            }};
+        }
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        // Blocks `b` and, where `pair`, `b + 1`; a lone last block leaves
+        // the odd lanes' sums as they are.
+        macro_rules! step {
+            ($b:expr, $pair:expr) => {{
+                let b = $b;
+                let (bytes, lanes_used, n): (u64, u16, usize) = if $pair {
+                    (!0, !0, 2)
+                } else {
+                    (!0 >> 32, 0xFF, 1)
+                };
+                let mut xv = [zero; R];
+                let mut starts = [zero; R];
+                let mut x_factors = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    // SAFETY: the masked bytes lie in blocks `b..b + n` of
+                    // input row `r`, checked in `Rows::new`.
+                    xv[r] = unsafe { _mm512_maskz_loadu_epi8(bytes, x.add(r * cols + b * BLOCK)) };
+                    starts[r] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, xv[r]));
+                    x_factors[r] = spread!(&x_scales[r * blocks..], b, n, by_eight);
+                }
+                for j in 0..W {
+                    let at = w.wrapping_add(j * row_stride + b * block_stride);
+                    // SAFETY: blocks `b..b + n` of weight row `j`, checked
+                    // in `Rows::new`.
+                    let wv = unsafe {
+                        let even = _mm256_loadu_si256(at as *const __m256i);
+                        if $pair {
+                            let odd = _mm256_loadu_si256(at.add(block_stride) as *const __m256i);
+                            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(even), odd)
+                        } else {
+                            _mm512_zextsi256_si512(even)
+                        }
+                    };
+                    let unsigned = _mm512_xor_si512(wv, offset);
+                    let w_factors = spread!(&half_scales[j * 2 * blocks..], 2 * b, 2 * n, by_four);
+                    for r in 0..R {
+                        let lanes = _mm512_dpbusd_epi32(starts[r], unsigned, xv[r]);
+                        let factors = _mm512_mul_ps(w_factors, x_factors[r]);
+                        acc[r][j] = _mm512_mask3_fmadd_ps(
+                            factors,
+                            _mm512_cvtepi32_ps(lanes),
+                            acc[r][j],
+                            lanes_used,
+                        );
+                    }
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, true);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, false);
+        }
+        std::array::from_fn(|r| {
+            std::array::from_fn(|j| {
+                let even = _mm512_castps512_ps256(acc[r][j]);
+                let odd =
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r][j])));
+                let mut lanes = [0f32; LANES];
+                // SAFETY: `lanes` holds eight floats.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(even, odd)) };
+                combine(&lanes)
+            })
+        })
+    }
+}

@@ -1,0 +1,282 @@
+//! The product of GGUF block-quantized weights with input rows in integer
+//! arithmetic, row-invariant by construction.
+//!
+//! Each input row is quantized on its own to 8 bits per element with one
+//! scale per block of 32 ([`activations`]); weight rows are unpacked to
+//! 8-bit integers with their block scales ([`unpack`]); a block's products
+//! are summed exactly in integers, and the blocks' float terms are folded
+//! in an order fixed by the row length alone ([`kernel::reference`]). An
+//! output element therefore has the same bits whatever else is in the call,
+//! on every instruction set, and a verify window of several rows shares
+//! each unpacked weight block.
+
+mod activations;
+mod kernel;
+mod unpack;
+
+use crate::Format;
+use activations::QuantizedRows;
+use kernel::{Isa, Operands, Values};
+use rayon::prelude::*;
+use unpack::UnpackedRows;
+
+pub(crate) use unpack::layout;
+
+/// Elements per quantization block.
+const BLOCK: usize = 32;
+/// Elements per half block: the unit of k-quants' sub-block scales.
+const HALF: usize = 16;
+
+/// Weight rows unpacked together; each tile is unpacked once per call and
+/// used by every input row.
+const TILE: usize = 16;
+
+/// Below this many multiply-adds a product runs on the calling thread.
+const SERIAL_WORK: usize = 1 << 15;
+
+const TASKS_PER_THREAD: usize = 4;
+
+thread_local! {
+    static UNPACKED: std::cell::RefCell<UnpackedRows> = std::cell::RefCell::default();
+}
+
+/// `out[i * rows + j] = x row i . weight row j` for `m` rows of `x`, with
+/// `bytes` the weight matrix (`rows x cols`) in `format`'s GGUF layout.
+pub(crate) fn matmul(
+    format: Format,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
+    matmul_with(Isa::detect(), format, bytes, rows, cols, x, m, out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_with(
+    isa: Isa,
+    format: Format,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+) {
+    let layout = layout(format).expect("format has an integer kernel");
+    assert!(x.len() >= m * cols && out.len() >= m * rows);
+    assert_eq!(bytes.len(), format.matrix_bytes(rows, cols));
+    if m == 0 || rows == 0 {
+        return;
+    }
+    let inputs = QuantizedRows::new(x, m, cols);
+    let row_bytes = format.matrix_bytes(1, cols);
+    let tiles = rows.div_ceil(TILE);
+    let out = OutPtr(out.as_mut_ptr());
+    let run = |t: usize| {
+        let (j0, width) = (t * TILE, TILE.min(rows - t * TILE));
+        UNPACKED.with_borrow_mut(|weights| {
+            let tile = &bytes[j0 * row_bytes..];
+            weights.fill(format, tile, width, cols);
+            let values = match layout.in_place {
+                Some(start) => Values {
+                    // SAFETY: `u8` and `i8` have one size and alignment,
+                    // and the slice is only read.
+                    data: unsafe {
+                        std::slice::from_raw_parts(tile.as_ptr() as *const i8, width * row_bytes)
+                    },
+                    start,
+                    row_stride: row_bytes,
+                    block_stride: format.block_bytes(),
+                },
+                None => Values {
+                    data: &weights.values,
+                    start: 0,
+                    row_stride: cols,
+                    block_stride: BLOCK,
+                },
+            };
+            let mut i = 0;
+            while i < m {
+                let height = (m - i).min(isa.max_rows());
+                let ops = Operands {
+                    inputs: &inputs,
+                    r0: i,
+                    weights,
+                    values,
+                    j0: 0,
+                    layout,
+                };
+                // SAFETY: this tile writes columns `j0..j0 + width` of rows
+                // `i..i + height`, inside `out` (asserted above) and written
+                // by no other tile.
+                unsafe {
+                    match (height, isa.max_rows()) {
+                        (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
+                        (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
+                        (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
+                        (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
+                        (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
+                        _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
+                    }
+                }
+                i += height;
+            }
+        })
+    };
+    let threads = rayon::current_num_threads();
+    if threads == 1 || rows * cols * m < SERIAL_WORK {
+        (0..tiles).for_each(run);
+    } else {
+        let per_task = tiles.div_ceil(threads * TASKS_PER_THREAD).max(1);
+        (0..tiles)
+            .into_par_iter()
+            .with_min_len(per_task)
+            .for_each(run);
+    }
+}
+
+/// The output buffer, shared by tiles that write disjoint columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tiles write disjoint elements (see `matmul_with`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+/// Input rows `ops.r0..+R` against the tile's `width` weight rows, `W` at
+/// a time, written to columns `j0..j0 + width` of `out` (`n` wide).
+///
+/// # Safety
+/// Those elements of `out` must be in bounds and this caller's alone.
+unsafe fn tile_rows<const R: usize, const W: usize>(
+    isa: Isa,
+    mut ops: Operands,
+    width: usize,
+    out: OutPtr,
+    n: usize,
+    j0: usize,
+) {
+    let r0 = ops.r0;
+    let put = |j: usize, r: usize, v: f32| {
+        // SAFETY: the caller's bounds.
+        unsafe { *out.0.add((r0 + r) * n + j0 + j) = v }
+    };
+    let mut j = 0;
+    while j + W <= width {
+        ops.j0 = j;
+        let mut o = [[0f32; W]; R];
+        kernel::dots::<R, W>(isa, &ops, &mut o);
+        for (r, row) in o.iter().enumerate() {
+            for (jj, &v) in row.iter().enumerate() {
+                put(j + jj, r, v);
+            }
+        }
+        j += W;
+    }
+    while j < width {
+        ops.j0 = j;
+        let mut o = [[0f32; 1]; R];
+        kernel::dots::<R, 1>(isa, &ops, &mut o);
+        for (r, row) in o.iter().enumerate() {
+            put(j, r, row[0]);
+        }
+        j += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::values;
+    use crate::{Matrix, Storage};
+
+    fn formats() -> impl Iterator<Item = Format> {
+        Format::ALL.into_iter().filter(|f| layout(*f).is_some())
+    }
+
+    fn quantized(format: Format, rows: usize, cols: usize, seed: u64) -> Matrix {
+        Matrix::from_f32(format, rows, cols, &values(rows * cols, seed)).unwrap()
+    }
+
+    fn bytes(w: &Matrix) -> &[u8] {
+        match w.storage() {
+            Storage::Ggml(b) => b.as_bytes(),
+            _ => unreachable!("quantized"),
+        }
+    }
+
+    fn run(isa: Isa, w: &Matrix, x: &[f32], m: usize) -> Vec<u32> {
+        let mut out = vec![0f32; m * w.rows()];
+        let format = match w.format() {
+            crate::Encoding::Plain(f) => f,
+            _ => unreachable!(),
+        };
+        matmul_with(isa, format, bytes(w), w.rows(), w.cols(), x, m, &mut out);
+        out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Every instruction set gives the reference's bits, for every call
+    /// height (both kernel shapes and their remainders, a partial tile).
+    #[test]
+    fn every_isa_and_height_gives_the_reference_bits() {
+        for format in formats() {
+            for cols in [256usize, 512 + 256, 256 + 32 * 3] {
+                if !cols.is_multiple_of(format.block_elems()) {
+                    continue;
+                }
+                let (n, k) = (37, cols);
+                let w = quantized(format, n, k, 11);
+                let x = values(9 * k, 12);
+                let want = run(Isa::Portable, &w, &x, 9);
+                for isa in Isa::available() {
+                    for m in 1..=9 {
+                        let got = run(isa, &w, &x, m);
+                        assert_eq!(got, want[..m * n], "{format} {isa:?} m={m}");
+                    }
+                    // A row alone equals the same row at any offset in a call.
+                    for i in 0..9 {
+                        let one = run(isa, &w, &x[i * k..], 1);
+                        assert_eq!(one, want[i * n..(i + 1) * n], "{format} {isa:?} row {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The integer product is close to the f64 product of the decoded
+    /// weights with the unquantized inputs: within the error of 8-bit inputs.
+    #[test]
+    fn close_to_the_f64_product() {
+        let (n, k, m) = (24, 512, 3);
+        let x = values(m * k, 3);
+        for format in formats() {
+            let w = quantized(format, n, k, 2);
+            let got: Vec<f32> = run(Isa::detect(), &w, &x, m)
+                .into_iter()
+                .map(f32::from_bits)
+                .collect();
+            let mut row = vec![0f32; k];
+            for j in 0..n {
+                w.row_f32(j, &mut row);
+                for i in 0..m {
+                    let xs = &x[i * k..(i + 1) * k];
+                    let exact: f64 = xs
+                        .iter()
+                        .zip(&row)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum();
+                    let scale: f64 = xs
+                        .iter()
+                        .zip(&row)
+                        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+                        .sum();
+                    let error = (got[i * n + j] as f64 - exact).abs();
+                    assert!(error <= 0.01 * scale, "{format}: {error} vs scale {scale}");
+                }
+            }
+        }
+    }
+}
