@@ -220,9 +220,7 @@ impl Model {
         for (l, b) in self.blocks.iter().enumerate() {
             xn.copy_from_slice(&x);
             rms_norm(&mut xn, h, &b.attn_norm, c.rms_eps);
-            b.q.matmul(&xn, m, &mut q);
-            b.k.matmul(&xn, m, &mut k);
-            b.v.matmul(&xn, m, &mut v);
+            Matrix::matmul_each(&[&b.q, &b.k, &b.v], &xn, m, &mut [&mut q, &mut k, &mut v]);
             add_bias(&mut q, &b.q_bias);
             add_bias(&mut k, &b.k_bias);
             add_bias(&mut v, &b.v_bias);
@@ -257,8 +255,7 @@ impl Model {
 
             xn.copy_from_slice(&x);
             rms_norm(&mut xn, h, &b.ffn_norm, c.rms_eps);
-            b.gate.matmul(&xn, m, &mut gate);
-            b.up.matmul(&xn, m, &mut up);
+            Matrix::matmul_each(&[&b.gate, &b.up], &xn, m, &mut [&mut gate, &mut up]);
             gate.iter_mut()
                 .zip(&up)
                 .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * *u);

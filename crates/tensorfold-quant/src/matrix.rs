@@ -208,11 +208,15 @@ impl Matrix {
         if m == 0 || n == 0 {
             return;
         }
-        if let Storage::Ggml(blocks) = &self.storage {
-            if crate::integer::layout(blocks.format()).is_some() && integer_products() {
-                crate::integer::matmul(blocks.format(), blocks.as_bytes(), n, k, x, m, out);
-                return;
-            }
+        if let Some((format, bytes)) = self.integer_blocks() {
+            let product = crate::integer::Product {
+                format,
+                bytes,
+                rows: n,
+                out,
+            };
+            crate::integer::matmul(&mut [product], k, x, m);
+            return;
         }
         let tiles = n.div_ceil(TILE);
         let out = OutPtr(out.as_mut_ptr());
@@ -238,6 +242,44 @@ impl Matrix {
                 .into_par_iter()
                 .with_min_len(per_task)
                 .for_each(run);
+        }
+    }
+
+    /// This matrix's format and GGUF bytes, when the integer kernels take
+    /// it (and they are on).
+    fn integer_blocks(&self) -> Option<(Format, &[u8])> {
+        match &self.storage {
+            Storage::Ggml(blocks)
+                if crate::integer::layout(blocks.format()).is_some() && integer_products() =>
+            {
+                Some((blocks.format(), blocks.as_bytes()))
+            }
+            _ => None,
+        }
+    }
+
+    /// `outs[i]` = [`Matrix::matmul`] of `matrices[i]` with the same `m`
+    /// rows of `x` (all `cols` wide), each output with the bits it has
+    /// alone. Integer products share one quantization of the inputs and
+    /// one parallel pass (a layer's q, k and v, or gate and up).
+    pub fn matmul_each(matrices: &[&Matrix], x: &[f32], m: usize, outs: &mut [&mut [f32]]) {
+        assert_eq!(matrices.len(), outs.len(), "one output per matrix");
+        let cols = matrices.first().map_or(0, |w| w.cols);
+        let mut products = Vec::with_capacity(matrices.len());
+        for (w, out) in matrices.iter().zip(outs.iter_mut()) {
+            assert_eq!(w.cols, cols, "matrices of one input width");
+            match w.integer_blocks() {
+                Some((format, bytes)) => products.push(crate::integer::Product {
+                    format,
+                    bytes,
+                    rows: w.rows,
+                    out,
+                }),
+                None => w.matmul(x, m, out),
+            }
+        }
+        if !products.is_empty() {
+            crate::integer::matmul(&mut products, cols, x, m);
         }
     }
 

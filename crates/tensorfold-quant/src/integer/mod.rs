@@ -40,103 +40,147 @@ thread_local! {
     static UNPACKED: std::cell::RefCell<UnpackedRows> = std::cell::RefCell::default();
 }
 
-/// `out[i * rows + j] = x row i . weight row j` for `m` rows of `x`, with
-/// `bytes` the weight matrix (`rows x cols`) in `format`'s GGUF layout.
-pub(crate) fn matmul(
-    format: Format,
-    bytes: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    m: usize,
-    out: &mut [f32],
-) {
-    matmul_with(Isa::detect(), format, bytes, rows, cols, x, m, out)
+/// One weight matrix of a product: `rows x cols` in `format`'s GGUF
+/// layout, and where its `m x rows` outputs go.
+pub(crate) struct Product<'a> {
+    pub format: Format,
+    pub bytes: &'a [u8],
+    pub rows: usize,
+    pub out: &'a mut [f32],
 }
 
-#[allow(clippy::too_many_arguments)]
-fn matmul_with(
-    isa: Isa,
-    format: Format,
-    bytes: &[u8],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    m: usize,
-    out: &mut [f32],
-) {
-    let layout = layout(format).expect("format has an integer kernel");
-    assert!(x.len() >= m * cols && out.len() >= m * rows);
-    assert_eq!(bytes.len(), format.matrix_bytes(rows, cols));
-    if m == 0 || rows == 0 {
+/// `product.out[i * rows + j] = x row i . weight row j` for `m` rows of `x`
+/// and every product (all `cols` wide): the inputs are quantized once and
+/// every product's tiles share one parallel pass.
+pub(crate) fn matmul(products: &mut [Product], cols: usize, x: &[f32], m: usize) {
+    matmul_with(Isa::detect(), products, cols, x, m)
+}
+
+fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: usize) {
+    assert!(x.len() >= m * cols);
+    for p in products.iter() {
+        assert!(
+            layout(p.format).is_some(),
+            "{} has no integer kernel",
+            p.format
+        );
+        assert!(p.out.len() >= m * p.rows);
+        assert_eq!(p.bytes.len(), p.format.matrix_bytes(p.rows, cols));
+    }
+    if m == 0 {
         return;
     }
     let inputs = QuantizedRows::new(x, m, cols);
-    let row_bytes = format.matrix_bytes(1, cols);
-    let tiles = rows.div_ceil(TILE);
-    let out = OutPtr(out.as_mut_ptr());
-    let run = |t: usize| {
-        let (j0, width) = (t * TILE, TILE.min(rows - t * TILE));
-        UNPACKED.with_borrow_mut(|weights| {
-            let tile = &bytes[j0 * row_bytes..];
-            weights.fill(format, tile, width, cols);
-            let values = match layout.in_place {
-                Some(start) => Values {
-                    // SAFETY: `u8` and `i8` have one size and alignment,
-                    // and the slice is only read.
-                    data: unsafe {
-                        std::slice::from_raw_parts(tile.as_ptr() as *const i8, width * row_bytes)
-                    },
-                    start,
-                    row_stride: row_bytes,
-                    block_stride: format.block_bytes(),
-                },
-                None => Values {
-                    data: &weights.values,
-                    start: 0,
-                    row_stride: cols,
-                    block_stride: BLOCK,
-                },
-            };
-            let mut i = 0;
-            while i < m {
-                let height = (m - i).min(isa.max_rows());
-                let ops = Operands {
-                    inputs: &inputs,
-                    r0: i,
-                    weights,
-                    values,
-                    j0: 0,
-                    layout,
-                };
-                // SAFETY: this tile writes columns `j0..j0 + width` of rows
-                // `i..i + height`, inside `out` (asserted above) and written
-                // by no other tile.
-                unsafe {
-                    match (height, isa.max_rows()) {
-                        (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
-                        (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
-                        (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
-                        (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
-                        (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
-                        _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
-                    }
-                }
-                i += height;
-            }
-        })
+    // Every product's tiles, in order: (product, first row).
+    let tiles: Vec<(usize, usize)> = products
+        .iter()
+        .enumerate()
+        .flat_map(|(p, product)| (0..product.rows).step_by(TILE).map(move |j0| (p, j0)))
+        .collect();
+    let targets: Vec<(Format, &[u8], usize, OutPtr)> = products
+        .iter_mut()
+        .map(|p| (p.format, p.bytes, p.rows, OutPtr(p.out.as_mut_ptr())))
+        .collect();
+    let run = |&(p, j0): &(usize, usize)| {
+        let (format, bytes, rows, out) = targets[p];
+        // SAFETY: the tile writes columns `j0..` of its product's `m` output
+        // rows, in bounds (asserted above) and written by no other tile.
+        unsafe { tile(isa, &inputs, format, bytes, rows, cols, j0, m, out) }
     };
+    let work: usize = products.iter().map(|p| p.rows).sum::<usize>() * cols * m;
     let threads = rayon::current_num_threads();
-    if threads == 1 || rows * cols * m < SERIAL_WORK {
-        (0..tiles).for_each(run);
+    if threads == 1 || work < SERIAL_WORK {
+        tiles.iter().for_each(run);
     } else {
-        let per_task = tiles.div_ceil(threads * TASKS_PER_THREAD).max(1);
-        (0..tiles)
-            .into_par_iter()
-            .with_min_len(per_task)
-            .for_each(run);
+        let per_task = tiles.len().div_ceil(threads * TASKS_PER_THREAD).max(1);
+        tiles.par_iter().with_min_len(per_task).for_each(run);
     }
 }
+
+/// Unpacks the tile of weight rows from `j0` and computes its columns of
+/// all `m` output rows.
+///
+/// # Safety
+/// `out` must be valid for `m * rows` floats, and no other thread may write
+/// this tile's columns meanwhile.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile(
+    isa: Isa,
+    inputs: &QuantizedRows,
+    format: Format,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    j0: usize,
+    m: usize,
+    out: OutPtr,
+) {
+    let layout = layout(format).expect("checked by the caller");
+    let width = TILE.min(rows - j0);
+    let row_bytes = format.matrix_bytes(1, cols);
+    UNPACKED.with_borrow_mut(|weights| {
+        let tile = &bytes[j0 * row_bytes..][..width * row_bytes];
+        prefetch(&bytes[(j0 + width) * row_bytes..]);
+        weights.fill(format, tile, width, cols);
+        let values = match layout.in_place {
+            Some(start) => Values {
+                // SAFETY: `u8` and `i8` have one size and alignment, and the
+                // slice is only read.
+                data: unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const i8, tile.len()) },
+                start,
+                row_stride: row_bytes,
+                block_stride: format.block_bytes(),
+            },
+            None => Values {
+                data: &weights.values,
+                start: 0,
+                row_stride: cols,
+                block_stride: BLOCK,
+            },
+        };
+        let mut i = 0;
+        while i < m {
+            let height = (m - i).min(isa.max_rows());
+            let ops = Operands {
+                inputs,
+                r0: i,
+                weights,
+                values,
+                j0: 0,
+                layout,
+            };
+            // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
+            // caller's.
+            unsafe {
+                match (height, isa.max_rows()) {
+                    (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
+                    (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
+                    (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
+                    (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
+                    (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
+                    _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
+                }
+            }
+            i += height;
+        }
+    })
+}
+
+/// Asks for the start of the next tile while this one is unpacked.
+fn prefetch(next: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in next.chunks(64).take(PREFETCH_LINES) {
+        // SAFETY: a prefetch of an address inside `next`; it reads nothing.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                line.as_ptr() as *const i8
+            )
+        };
+    }
+}
+
+/// Cache lines of the next tile requested ahead.
+const PREFETCH_LINES: usize = 1024;
 
 /// The output buffer, shared by tiles that write disjoint columns.
 #[derive(Clone, Copy)]
@@ -214,8 +258,45 @@ mod tests {
             crate::Encoding::Plain(f) => f,
             _ => unreachable!(),
         };
-        matmul_with(isa, format, bytes(w), w.rows(), w.cols(), x, m, &mut out);
+        let mut products = [Product {
+            format,
+            bytes: bytes(w),
+            rows: w.rows(),
+            out: &mut out,
+        }];
+        matmul_with(isa, &mut products, w.cols(), x, m);
         out.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// Several products in one pass give each its own bits.
+    #[test]
+    fn products_in_one_pass_equal_each_alone() {
+        let k = 512;
+        let x = values(3 * k, 21);
+        let matrices = [
+            quantized(Format::Q4_1, 40, k, 1),
+            quantized(Format::Q6K, 8, k, 2),
+            quantized(Format::Q8_0, 70, k, 3),
+        ];
+        let mut outs: Vec<Vec<f32>> = matrices.iter().map(|w| vec![0.0; 3 * w.rows()]).collect();
+        let mut products: Vec<Product> = matrices
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(w, out)| Product {
+                format: match w.format() {
+                    crate::Encoding::Plain(f) => f,
+                    _ => unreachable!(),
+                },
+                bytes: bytes(w),
+                rows: w.rows(),
+                out,
+            })
+            .collect();
+        matmul_with(Isa::detect(), &mut products, k, &x, 3);
+        for (w, out) in matrices.iter().zip(&outs) {
+            let alone: Vec<u32> = out.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(alone, run(Isa::detect(), w, &x, 3));
+        }
     }
 
     /// Every instruction set gives the reference's bits, for every call
