@@ -26,15 +26,41 @@ fn blocks_from_bytes<T: GgmlType>(bytes: &[u8]) -> Vec<T> {
     let size = std::mem::size_of::<T>();
     assert_eq!(bytes.len() % size, 0, "block bytes must be whole blocks");
     let n = bytes.len() / size;
-    let mut out: Vec<T> = (0..n).map(|_| T::zeros()).collect();
+    let mut out: Vec<T> = Vec::with_capacity(n);
+    huge_pages(out.as_mut_ptr() as *mut u8, bytes.len());
     // SAFETY: candle's block types are `repr(C)` plain data (f16 and byte
     // arrays) whose size equals the GGUF block size (checked by the caller
     // against `Format::block_bytes`), so any byte pattern is a valid value;
-    // `out` holds exactly `bytes.len()` bytes and the two do not overlap.
+    // `out` has room for exactly `bytes.len()` bytes, all written here
+    // before the length is set, and the two do not overlap.
     unsafe {
         std::ptr::copy_nonoverlapping(bytes.as_ptr(), out.as_mut_ptr() as *mut u8, bytes.len());
+        out.set_len(n);
     }
     out
+}
+
+/// Asks Linux to back a large, not yet touched buffer with huge pages:
+/// decoding streams every weight once per token, and huge pages spare the
+/// TLB misses of a 4 KiB page every 4 KiB.
+fn huge_pages(start: *mut u8, len: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        if len < 2 * HUGE {
+            return;
+        }
+        let page = 4096;
+        let aligned = (start as usize).next_multiple_of(page);
+        let end = (start as usize + len) / page * page;
+        // SAFETY: advice only, on whole pages inside this allocation; a
+        // refusal (no transparent huge pages) leaves it as it was.
+        unsafe {
+            libc::madvise(aligned as *mut libc::c_void, end - aligned, libc::MADV_HUGEPAGE);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, len);
 }
 
 fn blocks_to_bytes<T>(blocks: &[T]) -> &[u8] {
