@@ -130,6 +130,8 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
                 let _ = events.send(Event::Done(completion));
             }
         }
+        // Current while the worker waits idle for the next job too.
+        metrics.running.store(batch.len() as u64, Ordering::Relaxed);
     }
 }
 
