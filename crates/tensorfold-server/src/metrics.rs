@@ -10,7 +10,10 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
-    /// Text deltas streamed so far (for the live throughput line).
+    /// Tokens generated so far, live (for the throughput line): a running
+    /// stream counts its text pieces (one a token, but for text held back
+    /// at a stop-string prefix or a split character), and each finished
+    /// stream is settled to its exact token count.
     pub completion_tokens_live: AtomicU64,
     pub drafted: AtomicU64,
     pub accepted: AtomicU64,
@@ -54,6 +57,16 @@ impl Metrics {
         } else {
             self.finished.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Replaces a finished stream's `pieces` in the live count by its exact
+    /// `tokens`.
+    pub fn settle_live(&self, pieces: Option<&AtomicU64>, tokens: usize) {
+        let pieces = pieces.map_or(0, |p| p.load(Ordering::Relaxed));
+        self.completion_tokens_live
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.completion_tokens_live
+            .fetch_sub(pieces, Ordering::Relaxed);
     }
 
     /// The same counters under the names vLLM exports, labelled with the

@@ -3,13 +3,15 @@
 use axum::body::{to_bytes, Body};
 use axum::http::{Request, StatusCode};
 use axum::Router;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tensorfold_engine::Engine;
 use tensorfold_models::synth::{write_gguf, SynthSpec};
 use tensorfold_models::{Arch, Format};
-use tensorfold_server::{router, ServerConfig};
+use tensorfold_server::{router, Metrics, ServerConfig};
 use tower::ServiceExt;
 
-fn app(api_key: Option<&str>) -> Router {
+fn app(api_key: Option<&str>) -> (Router, Arc<Metrics>) {
     let path = std::env::temp_dir().join(format!(
         "tensorfold-page-{}-{}.gguf",
         std::process::id(),
@@ -19,7 +21,7 @@ fn app(api_key: Option<&str>) -> Router {
     let mut config = ServerConfig::new("tiny \"model\"");
     config.max_tokens = 8;
     config.api_key = api_key.map(str::to_owned);
-    router(Engine::load(&path).unwrap(), config).0
+    router(Engine::load(&path).unwrap(), config)
 }
 
 async fn call(app: &Router, method: &str, path: &str, body: &str) -> (StatusCode, String, String) {
@@ -42,7 +44,7 @@ async fn call(app: &Router, method: &str, path: &str, body: &str) -> (StatusCode
 
 #[tokio::test]
 async fn the_page_is_served_even_behind_an_api_key() {
-    let app = app(Some("sekret"));
+    let (app, _) = app(Some("sekret"));
     let (s, kind, html) = call(&app, "GET", "/", "").await;
     assert_eq!(s, StatusCode::OK);
     assert!(kind.starts_with("text/html"), "{kind}");
@@ -62,8 +64,9 @@ async fn the_page_is_served_even_behind_an_api_key() {
 
 #[tokio::test]
 async fn metrics_carry_vllm_names() {
-    let app = app(None);
-    let body = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"ignore_eos":true}"#;
+    let (app, metrics) = app(None);
+    // A stop string holds text back, so pieces and tokens may differ.
+    let body = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"ignore_eos":true,"stop":["e"],"stream":true}"#;
     let (s, _, reply) = call(&app, "POST", "/v1/chat/completions", body).await;
     assert_eq!(s, StatusCode::OK, "{reply}");
     let (_, kind, text) = call(&app, "GET", "/metrics", "").await;
@@ -76,7 +79,13 @@ async fn metrics_carry_vllm_names() {
             .unwrap_or_else(|| panic!("no {name} in\n{text}"));
         line[prefix.len()..].parse().unwrap()
     };
-    assert_eq!(value("vllm:generation_tokens_total"), 4);
+    let generated = value("vllm:generation_tokens_total");
+    assert!((1..=4).contains(&generated), "{generated}");
+    // The live throughput counts tokens, not text pieces.
+    assert_eq!(
+        metrics.completion_tokens_live.load(Ordering::Relaxed),
+        generated
+    );
     assert!(value("vllm:prompt_tokens_total") > 0);
     assert_eq!(value("vllm:request_success_total"), 1);
     assert_eq!(value("vllm:num_requests_running"), 0);

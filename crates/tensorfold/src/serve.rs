@@ -102,7 +102,7 @@ async fn live_line(m: Arc<Metrics>) {
         let now = m.completion_tokens_live.load(Ordering::Relaxed);
         eprint!(
             "\r\x1b[2K{:>6} tok/s | running {} | queued {} | {} requests | {:.0} MiB",
-            now - last,
+            now.saturating_sub(last),
             m.running.load(Ordering::Relaxed),
             m.queued.load(Ordering::Relaxed),
             m.requests.load(Ordering::Relaxed),
