@@ -67,8 +67,10 @@ impl Hub {
         let listing = match remote.listing(&name.repo) {
             Ok(listing) => listing,
             Err(HubError::Http { url, message }) => {
-                return local::resolve(&self.settings, name)
-                    .map_err(|_| HubError::Http { url, message });
+                return local::resolve(&self.settings, name).map_err(|_| HubError::Http {
+                    url,
+                    message: format!("{message} (and {name} is not in the local cache)"),
+                });
             }
             Err(e) => return Err(e),
         };

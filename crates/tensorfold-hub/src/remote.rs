@@ -135,9 +135,14 @@ impl Remote {
 }
 
 fn http(url: &str, e: impl std::fmt::Display) -> HubError {
+    // ureq names the URL itself; the error names it once.
+    let message = e.to_string();
+    let message = message
+        .strip_prefix(&format!("{url}: "))
+        .unwrap_or(&message);
     HubError::Http {
         url: url.to_string(),
-        message: e.to_string(),
+        message: message.to_string(),
     }
 }
 

@@ -45,6 +45,7 @@ pub enum Command {
 /// HF_ENDPOINT, HF_HOME, HF_HUB_CACHE, HF_TOKEN and HF_HUB_OFFLINE.
 #[derive(Args)]
 pub struct PullArgs {
+    /// Hub names: owner/name, owner/name:FILE or owner/name:QUANT.
     #[arg(required = true)]
     pub models: Vec<String>,
 }
@@ -60,6 +61,7 @@ pub struct LsArgs {
 /// `tensorfold rm REPO[:FILE|:QUANT]...`: a whole repository, or one file.
 #[derive(Args)]
 pub struct RmArgs {
+    /// Hub names: owner/name (the whole repository) or owner/name:FILE|QUANT.
     #[arg(required = true)]
     pub models: Vec<String>,
 }

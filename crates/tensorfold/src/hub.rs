@@ -9,10 +9,16 @@ use tensorfold_hub::{Hub, ModelName};
 /// is; a hub name (`owner/name[:FILE|:QUANT]`) pulled into the cache first.
 /// Also returns the hub name, a fitting model id for the server.
 pub fn resolve(model: &Path) -> Result<(PathBuf, Option<String>)> {
-    if model.exists() {
+    let text = model.to_string_lossy();
+    // A missing file under an existing folder, or named like a model file
+    // (without `:FILE`), is a mistyped path, not a hub name.
+    let path_like = model
+        .parent()
+        .is_some_and(|p| p.is_dir() && p != Path::new(""))
+        || (!text.contains(':') && (text.ends_with(".gguf") || text.ends_with(".safetensors")));
+    if model.exists() || path_like {
         return Ok((model.to_path_buf(), None));
     }
-    let text = model.to_string_lossy();
     match ModelName::parse(&text) {
         Some(name) => {
             let path = Hub::from_env()
