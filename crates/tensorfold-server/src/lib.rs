@@ -2,8 +2,8 @@
 //!
 //! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
 //! `POST /v1/completions`, `POST /v1/responses`, `GET /metrics`, and a chat
-//! page at `/`. Replies are
-//! the engine's, so a drafted reply is byte-identical to `"draft": false`.
+//! page at `/`. Replies are the engine's, so a drafted reply is
+//! byte-identical to `"draft": false`.
 //!
 //! ```no_run
 //! # async fn f() -> std::io::Result<()> {
