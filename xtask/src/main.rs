@@ -99,19 +99,46 @@ fn harness(bin: &str, flags: &[&str], backend: &str) -> Result<()> {
     cargo(&args)
 }
 
-/// The Python packages the server suite needs, pinned.
-const PYTHON_TEST_PACKAGES: &[&str] = &["openai==3.57.0", "pytest==9.2.0"];
-
-/// Installs the server suite's Python packages unless they import already.
-fn python_test_packages() -> Result<()> {
-    let present = Command::new("python3")
-        .args(["-c", "import openai, pytest"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if present {
-        return Ok(());
+/// The server suite's Python: a virtual environment under the target
+/// directory holding the pinned packages of `tests/python/requirements.txt`
+/// (the one list), rebuilt when that list changes. Returns its interpreter.
+fn python_env() -> Result<PathBuf> {
+    let list = workspace_root().join("tests/python/requirements.txt");
+    let wanted = std::fs::read_to_string(&list)?;
+    let venv = target_dir().join("python-venv");
+    let python = venv.join("bin").join("python");
+    let installed = venv.join("installed-requirements.txt");
+    if python.exists() && std::fs::read_to_string(&installed).ok().as_ref() == Some(&wanted) {
+        return Ok(python);
     }
-    pip_install(PYTHON_TEST_PACKAGES)
+    eprintln!(
+        "python: creating {} with {}",
+        venv.display(),
+        list.display()
+    );
+    let status = Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&venv)
+        .status()?;
+    if !status.success() {
+        bail!("python3 -m venv failed (on Debian or Ubuntu: apt-get install python3-venv)");
+    }
+    let status = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&list)
+        .status()?;
+    if !status.success() {
+        bail!("pip install -r {} failed", list.display());
+    }
+    std::fs::write(&installed, wanted)?;
+    Ok(python)
 }
 
 /// `pip install` of pinned or named packages, quietly.
@@ -135,7 +162,7 @@ pub fn pip_install(packages: &[&str]) -> Result<()> {
 /// The whole test run, as CI runs it: registry models must be present.
 fn test() -> Result<()> {
     let root = workspace_root();
-    python_test_packages()?;
+    let python = python_env()?;
     fetch(false)?;
     tensorfold_registry::fetch_qwen_small(&root.join("models"))?;
     let status = Command::new(env!("CARGO"))
@@ -148,7 +175,7 @@ fn test() -> Result<()> {
     }
     // The server suite drives the binary the tests just built.
     let target = target_dir();
-    let status = Command::new("python3")
+    let status = Command::new(&python)
         .current_dir(&root)
         .args(["-m", "pytest", "tests/python", "-q"])
         .env("TENSORFOLD_BIN", target.join("debug").join("tensorfold"))

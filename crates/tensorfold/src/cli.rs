@@ -28,6 +28,42 @@ pub enum Command {
     Synth(crate::synth::SynthArgs),
     /// Time prefill and decode as llama-bench does: one JSON line a cell.
     Bench(BenchArgs),
+    /// Download models from the Hugging Face Hub into its standard cache.
+    Pull(PullArgs),
+    /// List local models (the hub cache and the models folder).
+    Ls(LsArgs),
+    /// Remove models from the hub cache.
+    Rm(RmArgs),
+}
+
+/// `tensorfold pull REPO[:FILE|:QUANT]...`.
+///
+/// `REPO` alone takes a safetensors (or MLX) repository's model, or its
+/// only GGUF file, or its Q4_K_M one; `:QUANT` (e.g. `:Q4_K_M`) picks the
+/// GGUF file of that quant type, `:FILE` a file by name. The format is
+/// checked from the headers before the weights are fetched. Honours
+/// HF_ENDPOINT, HF_HOME, HF_HUB_CACHE, HF_TOKEN and HF_HUB_OFFLINE.
+#[derive(Args)]
+pub struct PullArgs {
+    /// Hub names: owner/name, owner/name:FILE or owner/name:QUANT.
+    #[arg(required = true)]
+    pub models: Vec<String>,
+}
+
+/// `tensorfold ls [--json]`.
+#[derive(Args)]
+pub struct LsArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tensorfold rm REPO[:FILE|:QUANT]...`: a whole repository, or one file.
+#[derive(Args)]
+pub struct RmArgs {
+    /// Hub names: owner/name (the whole repository) or owner/name:FILE|QUANT.
+    #[arg(required = true)]
+    pub models: Vec<String>,
 }
 
 /// `tensorfold bench MODEL [-p 512,2048] [-n 128] [-d 0,8192] [-r 3]`.
@@ -117,8 +153,9 @@ pub struct QuantizeArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// A GGUF file or Hugging Face directory; default: SmolLM2 in models/,
-    /// fetched if missing.
+    /// A GGUF file, a Hugging Face directory or a hub name
+    /// (`owner/name[:FILE|:QUANT]`); default: SmolLM2 in models/, fetched
+    /// if missing.
     pub model: Option<PathBuf>,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -199,7 +236,8 @@ pub struct DraftArgs {
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// A GGUF file or a Hugging Face model directory.
+    /// A GGUF file, a Hugging Face model directory or a hub name
+    /// (`owner/name[:FILE|:QUANT]`, pulled when missing).
     pub model: PathBuf,
     #[arg(long)]
     pub prompt: String,
@@ -227,6 +265,7 @@ pub struct RunArgs {
 
 #[derive(Args)]
 pub struct InfoArgs {
+    /// A GGUF file, a Hugging Face model directory or a hub name.
     pub model: PathBuf,
     /// Print JSON instead of text.
     #[arg(long)]

@@ -1,8 +1,9 @@
 //! `tensorfold`: run a prompt, inspect a model, serve the OpenAI API,
-//! quantize a model, time it.
+//! quantize a model, time it; pull, list and remove hub models.
 
 mod bench;
 mod cli;
+mod hub;
 mod quantize;
 mod run;
 mod serve;
@@ -19,6 +20,9 @@ fn main() -> std::process::ExitCode {
         cli::Command::Quantize(a) => quantize::quantize(a),
         cli::Command::Synth(a) => synth::synth(a),
         cli::Command::Bench(a) => bench::bench(a),
+        cli::Command::Pull(a) => hub::pull(a),
+        cli::Command::Ls(a) => hub::ls(a),
+        cli::Command::Rm(a) => hub::rm(a),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,6 +4,16 @@ use crate::cli::QuantizeArgs;
 use anyhow::{bail, Context, Result};
 use tensorfold_models::mlx::{self, MlxQuantization, QuantizeOptions};
 use tensorfold_models::{Affine, QuantRule, ScaleDtype};
+use tensorfold_progress::Progress;
+
+/// Closes a spinner as its operation ended.
+fn finish<T, E>(progress: Progress, result: Result<T, E>) -> Result<T, E> {
+    match &result {
+        Ok(_) => progress.finish(""),
+        Err(_) => progress.abandon(),
+    }
+    result
+}
 
 /// The settings the flags ask for; overrides are written only where they
 /// differ from the default.
@@ -40,8 +50,11 @@ pub fn options(args: &QuantizeArgs) -> Result<QuantizeOptions> {
 
 pub fn quantize(args: QuantizeArgs) -> Result<()> {
     let opts = options(&args)?;
-    let bundle = tensorfold_models::load(&args.source)?;
-    mlx::write(&bundle, &opts, &args.out)?;
+    let loading = Progress::spinner(format!("loading {}", args.source.display()));
+    let bundle = tensorfold_models::load(&args.source);
+    let bundle = finish(loading, bundle)?;
+    let writing = Progress::spinner(format!("quantizing into {}", args.out.display()));
+    finish(writing, mlx::write(&bundle, &opts, &args.out))?;
     let info = tensorfold_models::inspect(&args.out)?;
     eprintln!(
         "wrote {}: {} parameters in {} weight bytes ({})",

@@ -1,6 +1,7 @@
 //! `tensorfold run` and `tensorfold info`.
 
 use crate::cli::{DraftArgs, InfoArgs, RunArgs, SamplingArgs};
+use crate::hub;
 use anyhow::Result;
 use std::io::Write;
 use std::path::Path;
@@ -8,6 +9,7 @@ use tensorfold_engine::{
     BackendChoice, DrafterChoice, Engine, GenerateRequest, Prompt, SamplingParams,
 };
 use tensorfold_models::GenerationDefaults;
+use tensorfold_progress::Progress;
 
 /// Flags over the model's own defaults over greedy.
 pub fn sampling(args: &SamplingArgs, defaults: &GenerationDefaults) -> SamplingParams {
@@ -27,11 +29,19 @@ pub fn load_engine(
     backend: BackendChoice,
     context: Option<usize>,
 ) -> Result<Engine> {
-    let mut engine = Engine::load(model)?;
+    let loading = Progress::spinner(format!("loading {}", model.display()));
+    let mut engine = match Engine::load(model) {
+        Ok(engine) => engine,
+        Err(e) => {
+            loading.abandon();
+            return Err(e.into());
+        }
+    };
+    loading.finish("");
     let device = engine.set_backend(backend)?;
     tracing::info!("model runs on {device}");
     if let Some(p) = &draft.draft_model {
-        engine.set_draft_model(p)?;
+        engine.set_draft_model(&hub::resolve(p)?.0)?;
     }
     let choice = match draft.drafter.as_str() {
         _ if draft.no_drafts => DrafterChoice::None,
@@ -39,7 +49,7 @@ pub fn load_engine(
         "none" => DrafterChoice::None,
         "context" => DrafterChoice::Context,
         path => {
-            engine.set_draft_model(Path::new(path))?;
+            engine.set_draft_model(&hub::resolve(Path::new(path))?.0)?;
             DrafterChoice::Model
         }
     };
@@ -49,7 +59,8 @@ pub fn load_engine(
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
-    let engine = load_engine(&args.model, &args.draft, args.backend, args.context)?;
+    let (model, _) = hub::resolve(&args.model)?;
+    let engine = load_engine(&model, &args.draft, args.backend, args.context)?;
     let prompt = if args.chat {
         Prompt::chat_user(&args.prompt)
     } else {
@@ -88,7 +99,7 @@ pub fn run(args: RunArgs) -> Result<()> {
 }
 
 pub fn info(args: InfoArgs) -> Result<()> {
-    let info = tensorfold_models::inspect(&args.model)?;
+    let info = tensorfold_models::inspect(&hub::resolve(&args.model)?.0)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
         return Ok(());

@@ -16,15 +16,17 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let model = match &args.model {
-        Some(p) => p.clone(),
+    let (model, hub_name) = match &args.model {
+        Some(p) => crate::hub::resolve(p)?,
         None => {
             let dir = tensorfold_registry::models_dir();
             tracing::info!(
                 "no model given: using the default model in {}",
                 dir.display()
             );
-            tensorfold_registry::fetch_default(&dir).context("fetching the default model")?
+            let path =
+                tensorfold_registry::fetch_default(&dir).context("fetching the default model")?;
+            (path, None)
         }
     };
     let mut engine = load_engine(&model, &args.draft, args.backend, None)?;
@@ -56,6 +58,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     let name = args
         .name
         .clone()
+        .or(hub_name)
         .unwrap_or_else(|| engine.bundle().name.clone());
     let mut config = ServerConfig::new(&name);
     config.max_tokens = args.max_tokens;
@@ -99,7 +102,7 @@ async fn live_line(m: Arc<Metrics>) {
         let now = m.completion_tokens_live.load(Ordering::Relaxed);
         eprint!(
             "\r\x1b[2K{:>6} tok/s | running {} | queued {} | {} requests | {:.0} MiB",
-            now - last,
+            now.saturating_sub(last),
             m.running.load(Ordering::Relaxed),
             m.queued.load(Ordering::Relaxed),
             m.requests.load(Ordering::Relaxed),
