@@ -53,7 +53,7 @@ def test_a_typed_message_streams_a_reply_identical_to_serial(page):
     wait = WebDriverWait(page, 120)
     wait.until(lambda p: "test-model" in p.find_element(By.ID, "model").text)
     page.find_element(By.ID, "compare").click()
-    page.find_element(By.ID, "input").send_keys("What is the capital of France?", Keys.ENTER)
+    page.find_element(By.ID, "input").send_keys("Name the capital of France.", Keys.ENTER)
 
     reply = wait.until(lambda p: p.find_element(By.CSS_SELECTOR, ".message.assistant[data-done=true]"))
     text = reply.find_element(By.CLASS_NAME, "content").text
