@@ -100,12 +100,17 @@ fn harness(bin: &str, flags: &[&str], backend: &str) -> Result<()> {
 }
 
 /// The Python packages the server suite needs, pinned.
-const PYTHON_TEST_PACKAGES: &[&str] = &["openai==3.57.0", "pytest==9.2.0"];
+const PYTHON_TEST_PACKAGES: &[&str] = &[
+    "openai==3.57.0",
+    "pytest==9.2.0",
+    "jsonschema==4.26.0",
+    "anthropic==2.17.0",
+];
 
 /// Installs the server suite's Python packages unless they import already.
 fn python_test_packages() -> Result<()> {
     let present = Command::new("python3")
-        .args(["-c", "import openai, pytest"])
+        .args(["-c", "import openai, pytest, jsonschema, anthropic"])
         .output()
         .is_ok_and(|o| o.status.success());
     if present {

@@ -143,6 +143,10 @@ pub struct ServeArgs {
     /// Requests that may wait before new ones get 503.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Responses `/v1/responses` keeps for `previous_response_id`; storing
+    /// more is refused until some are deleted.
+    #[arg(long, default_value_t = 1024)]
+    pub stored_responses: usize,
     /// Streams sharing each round: `auto` (as many as memory holds) or a count.
     #[arg(long, default_value = "auto")]
     pub parallel: tensorfold_engine::Parallel,

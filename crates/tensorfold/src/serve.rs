@@ -63,6 +63,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     config.api_key = args.api_key.clone();
     config.max_body_bytes = args.max_body_bytes;
     config.queue = args.queue;
+    config.stored_responses = args.stored_responses;
     let window = engine.window();
     let drafter = engine.drafter();
     let (app, metrics) = tensorfold_server::router(engine, config);
