@@ -63,7 +63,7 @@ pub async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
         check_model(&s, generation.model.as_deref())?;
         let prompt = completion_prompt(body.prompt)?;
         let prompt = prompt_ids(&s, prompt, generation.cache_prompt.unwrap_or(true)).await?;
-        let (mut req, common) = generate_request(&s, &generation, prompt, LengthField::MaxTokens)?;
+        let (mut req, common) = generate_request(&s, &generation, prompt, LengthField::Plain)?;
         compile_grammar(&s, grammar_spec(&generation)?, &mut req).await?;
         let rx = submit(&s, req)?;
         let (id, model, created) = (request_id("cmpl"), s.config.name.clone(), now());

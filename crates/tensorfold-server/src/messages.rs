@@ -314,7 +314,7 @@ async fn create(s: &Shared, body: &[u8]) -> Result<Response, ApiError> {
         ..Generation::default()
     };
     let prompt_len = ids.len();
-    let (mut req, _) = generate_request(s, &generation, ids, LengthField::MaxTokens)?;
+    let (mut req, _) = generate_request(s, &generation, ids, LengthField::Plain)?;
     if let (
         Some(ThinkingConfig::Enabled {
             budget_tokens: Some(tokens),

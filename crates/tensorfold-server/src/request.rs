@@ -36,22 +36,22 @@ pub struct Common {
 /// Which field sets the reply length on a route.
 #[derive(Clone, Copy)]
 pub enum LengthField {
-    MaxTokens,
+    /// `max_tokens` (completions, Anthropic's messages).
+    Plain,
     /// Chat: `max_completion_tokens` (or the older `max_tokens`).
-    MaxCompletionTokens,
-    MaxOutputTokens,
+    Chat,
+    /// Responses: `max_output_tokens`.
+    Responses,
 }
 
 impl LengthField {
     fn read(self, g: &Generation) -> Option<(usize, &'static str)> {
         let pick = |v: Option<u32>, name| v.map(|v| (v as usize, name));
         match self {
-            LengthField::MaxTokens => pick(g.max_tokens, "max_tokens"),
-            LengthField::MaxCompletionTokens => {
-                pick(g.max_completion_tokens, "max_completion_tokens")
-                    .or(pick(g.max_tokens, "max_tokens"))
-            }
-            LengthField::MaxOutputTokens => pick(g.max_output_tokens, "max_output_tokens"),
+            LengthField::Plain => pick(g.max_tokens, "max_tokens"),
+            LengthField::Chat => pick(g.max_completion_tokens, "max_completion_tokens")
+                .or(pick(g.max_tokens, "max_tokens")),
+            LengthField::Responses => pick(g.max_output_tokens, "max_output_tokens"),
         }
     }
 }

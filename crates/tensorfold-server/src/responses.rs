@@ -151,7 +151,7 @@ async fn respond(s: &Shared, body: &[u8]) -> Result<Response, ApiError> {
         &body.chat_template_kwargs,
     );
     let prompt = prompt_ids(s, prompt, generation.cache_prompt.unwrap_or(true)).await?;
-    let (mut req, common) = generate_request(s, &generation, prompt, LengthField::MaxOutputTokens)?;
+    let (mut req, common) = generate_request(s, &generation, prompt, LengthField::Responses)?;
     let format = match body.text.and_then(|t| t.format) {
         None | Some(ResponsesFormat::Text) => None,
         Some(ResponsesFormat::JsonObject) => Some((GrammarSpec::JsonObject, "text.format")),
