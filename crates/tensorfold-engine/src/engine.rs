@@ -476,6 +476,20 @@ impl Engine {
         self.window
     }
 
+    /// Replaces the model's chat template (Jinja source); one that does
+    /// not parse is refused and the old one kept.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), EngineError> {
+        let template = ChatTemplate::new(
+            source,
+            self.bundle.bos_token.as_deref(),
+            self.bundle.eos_token.as_deref(),
+        )
+        .map_err(EngineError::Invalid)?;
+        self.template = Some(template);
+        self.bundle.chat_template = Some(source.to_string());
+        Ok(())
+    }
+
     /// Renders a chat prompt to text with the model's template, ending with
     /// the assistant's turn opened unless `vars` sets
     /// `add_generation_prompt` to `false`.

@@ -168,6 +168,9 @@ pub struct ServeArgs {
     /// Most retained prompt states (0 turns retention off).
     #[arg(long, default_value_t = tensorfold_engine::DEFAULT_CHECKPOINT_SLOTS)]
     pub checkpoint_slots: usize,
+    /// A Jinja chat template to use instead of the model's.
+    #[arg(long)]
+    pub chat_template_file: Option<PathBuf>,
 }
 
 /// Sampling flags shared by commands that generate.

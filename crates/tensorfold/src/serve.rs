@@ -41,6 +41,11 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .prompt_cache_gib
         .map(|g| (g * (1u64 << 30) as f64) as usize);
     engine.set_prompt_cache(retained, args.checkpoint_slots);
+    if let Some(path) = &args.chat_template_file {
+        let source =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        engine.set_chat_template(&source)?;
+    }
     let memory = engine.memory();
     let per_stream = tensorfold_engine::memory::Bytes(memory.stream_bytes(engine.window()));
     eprintln!(
