@@ -194,7 +194,7 @@ struct ChatCall {
 
 impl ChatCall {
     /// The reply's reasoning (if split off) and the rest.
-    fn reasoning(&self, c: &Completion) -> (Option<String>, String) {
+    fn split_reasoning(&self, c: &Completion) -> (Option<String>, String) {
         match self.reasoning {
             Some(inside) => {
                 let parts = ThinkSplit::split(&c.text, inside);
@@ -271,7 +271,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
     let model = s.config.name.clone();
     if !common.stream {
         let c = collect(rx).await?;
-        let (thought, answer) = call.reasoning(&c);
+        let (thought, answer) = call.split_reasoning(&c);
         let (content, calls) = call.outcome(&answer);
         let mut message = json!({"role": "assistant", "content": content});
         if let Some(r) = thought.as_deref().filter(|r| !r.is_empty()) {
@@ -376,7 +376,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
             Event::Done(Ok(c)) => {
                 let rest = answer("", true, &mut out);
                 text.push_str(&rest);
-                let (thought, _) = call.reasoning(&c);
+                let (thought, _) = call.split_reasoning(&c);
                 let (content, calls) = call.outcome(&text);
                 if content.len() > sent && content.starts_with(&text[..sent]) {
                     out.push(chunk(
