@@ -81,3 +81,20 @@ def qwen_server():
 @pytest.fixture()
 def qwen(qwen_server):
     return openai_client(qwen_server, 300)
+
+
+def anthropic_client(base, timeout):
+    from anthropic import Anthropic
+
+    return Anthropic(base_url=base, api_key="unused", max_retries=0, timeout=timeout)
+
+
+@pytest.fixture()
+def claude(server):
+    """The official anthropic client against the server's Messages API."""
+    return anthropic_client(server, 120)
+
+
+@pytest.fixture()
+def qwen_claude(qwen_server):
+    return anthropic_client(qwen_server, 300)

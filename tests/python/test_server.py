@@ -135,7 +135,8 @@ def test_tools_are_parsed_into_tool_calls(qwen):
                 for c in chunk.choices]
     deltas = [tc for c in streamed if c.delta.tool_calls for tc in c.delta.tool_calls]
     assert deltas[0].function.name == "get_weather"
-    assert json.loads(deltas[0].function.arguments) == args
+    # Name first, then the arguments in fragments.
+    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == args
     assert streamed[-1].finish_reason == "tool_calls"
 
     # A named tool_choice offers that function alone.

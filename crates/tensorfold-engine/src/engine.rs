@@ -2,13 +2,15 @@
 
 use crate::backend::{BackendChoice, Device, DeviceCache, Target};
 use crate::batch::Batch;
+use crate::grammar::{Compiler, Grammar, GrammarSpec};
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingParams;
 use crate::template::ChatTemplate;
+use crate::thinking::ThinkingBudget;
 use serde::Serialize;
 use serde_json::Value as Json;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tensorfold_models::{Bundle, Model, ModelConfig, ModelError};
 use tensorfold_scheduler::memory::{self, BudgetError, MemoryBudget};
@@ -92,6 +94,10 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// Reuse retained prompt states and retain this one (`false`: neither).
     pub cache_prompt: bool,
+    /// What the reply must match ([`Engine::grammar`] compiles it).
+    pub grammar: Option<Grammar>,
+    /// Reply tokens a `<think>` block may take before it is closed.
+    pub thinking_budget: Option<ThinkingBudget>,
 }
 
 impl GenerateRequest {
@@ -105,6 +111,8 @@ impl GenerateRequest {
             draft: true,
             logprobs: None,
             cache_prompt: true,
+            grammar: None,
+            thinking_budget: None,
         }
     }
 }
@@ -204,6 +212,8 @@ pub struct Engine {
     prefix: Mutex<PrefixCache>,
     prompt_cache_limit: Option<usize>,
     checkpoint_slots: usize,
+    /// Grammars compile against the vocabulary's token trie, built on first use.
+    grammar_compiler: OnceLock<Result<Compiler, String>>,
 }
 
 impl Engine {
@@ -244,6 +254,7 @@ impl Engine {
             prefix: Mutex::new(PrefixCache::new(0, DEFAULT_CHECKPOINT_SLOTS)),
             prompt_cache_limit: None,
             checkpoint_slots: DEFAULT_CHECKPOINT_SLOTS,
+            grammar_compiler: OnceLock::new(),
         };
         engine.size_memory()?;
         Ok(engine)
@@ -465,7 +476,23 @@ impl Engine {
         self.window
     }
 
-    /// Renders a chat prompt to text with the model's template.
+    /// Replaces the model's chat template (Jinja source); one that does
+    /// not parse is refused and the old one kept.
+    pub fn set_chat_template(&mut self, source: &str) -> Result<(), EngineError> {
+        let template = ChatTemplate::new(
+            source,
+            self.bundle.bos_token.as_deref(),
+            self.bundle.eos_token.as_deref(),
+        )
+        .map_err(EngineError::Invalid)?;
+        self.template = Some(template);
+        self.bundle.chat_template = Some(source.to_string());
+        Ok(())
+    }
+
+    /// Renders a chat prompt to text with the model's template, ending with
+    /// the assistant's turn opened unless `vars` sets
+    /// `add_generation_prompt` to `false`.
     pub fn render_chat(
         &self,
         messages: &[Json],
@@ -474,7 +501,20 @@ impl Engine {
         let t = self.template.as_ref().ok_or_else(|| {
             EngineError::Invalid(format!("model {} has no chat template", self.bundle.name))
         })?;
-        t.render(messages, true, vars).map_err(EngineError::Invalid)
+        let open = vars
+            .get("add_generation_prompt")
+            .and_then(Json::as_bool)
+            .unwrap_or(true);
+        t.render(messages, open, vars).map_err(EngineError::Invalid)
+    }
+
+    /// Compiles what a reply must match; a grammar or schema that does not
+    /// compile is [`EngineError::Invalid`], naming the problem.
+    pub fn grammar(&self, spec: GrammarSpec) -> Result<Grammar, EngineError> {
+        match self.grammar_compiler.get_or_init(|| Compiler::new(self)) {
+            Ok(compiler) => compiler.compile(spec),
+            Err(e) => Err(EngineError::Invalid(e.clone())),
+        }
     }
 
     /// Tokenizes text; `<|special|>` markers in it are read as their tokens.
@@ -577,18 +617,27 @@ impl Engine {
         Ok(())
     }
 
-    /// Tokenizes and checks a request, and sizes what it will hold.
-    pub fn prepare(&self, request: GenerateRequest) -> Result<Prepared, EngineError> {
-        let text = self.prompt_text(&request.prompt)?;
-        let mut tokens = match (&text, &request.prompt) {
-            (Some(t), _) => self.encode(t)?,
-            (None, p) => self.prompt_tokens(p)?,
+    /// The ids a prompt runs as: rendered and tokenized, and with `reuse`
+    /// the generated ids of a retained reply kept for the text they spell
+    /// (see [`Engine::prepare`]). Front-ends that must count a prompt's
+    /// tokens before queueing it call this and pass the ids on as
+    /// [`Prompt::Tokens`].
+    pub fn prompt_ids(&self, prompt: &Prompt, reuse: bool) -> Result<Vec<u32>, EngineError> {
+        let Some(text) = self.prompt_text(prompt)? else {
+            return self.prompt_tokens(prompt);
         };
-        if let (Some(text), true) = (&text, request.cache_prompt) {
-            if let Some(kept) = self.keep_generated_ids(text, &tokens)? {
-                tokens = kept;
+        let tokens = self.encode(&text)?;
+        if reuse {
+            if let Some(kept) = self.keep_generated_ids(&text, &tokens)? {
+                return Ok(kept);
             }
         }
+        Ok(tokens)
+    }
+
+    /// Tokenizes and checks a request, and sizes what it will hold.
+    pub fn prepare(&self, request: GenerateRequest) -> Result<Prepared, EngineError> {
+        let tokens = self.prompt_ids(&request.prompt, request.cache_prompt)?;
         self.check(&request, &tokens)?;
         let budget = request.max_tokens.min(self.window - tokens.len());
         let cache_bytes = self.memory.stream_bytes(tokens.len() + budget);

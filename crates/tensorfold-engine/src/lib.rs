@@ -15,11 +15,13 @@
 mod backend;
 mod batch;
 mod engine;
+mod grammar;
 mod prefix;
 mod reply;
 mod sampling;
 mod template;
 mod text;
+mod thinking;
 
 pub use backend::{cuda_available, BackendChoice, DeviceCache};
 pub use batch::Batch;
@@ -28,6 +30,7 @@ pub use engine::{
     Prepared, Prompt, TokenLogprob, AUTO_MAX_STREAMS, DEFAULT_CHECKPOINT_SLOTS,
     DEFAULT_DECODE_SHARE,
 };
+pub use grammar::{Grammar, GrammarSpec};
 pub use prefix::MIN_REUSE;
 pub use reply::OnText;
 pub use sampling::{argmax, prompt_seed, Pick, Sampler, SamplingParams};
@@ -36,3 +39,4 @@ pub use tensorfold_models as models;
 pub use tensorfold_scheduler::{memory, StreamId};
 pub use tensorfold_spec::DraftStats;
 pub use text::{Delta, TextStream};
+pub use thinking::ThinkingBudget;

@@ -2,8 +2,10 @@
 //! first that ends it (EOS, stop string, budget, cancel) sets its finish.
 
 use crate::engine::{Completion, Engine, FinishReason, GenerateRequest, TokenLogprob};
+use crate::grammar::Constraint;
 use crate::sampling::Sampler;
 use crate::text::TextStream;
+use std::cell::RefCell;
 use std::time::Duration;
 use tensorfold_scheduler::Client;
 use tensorfold_spec::DraftStats;
@@ -24,6 +26,10 @@ pub(crate) struct Reply<'a> {
     engine: &'a Engine,
     req: GenerateRequest,
     sampler: Sampler,
+    /// The request's grammar, masking every row (picks take `&self`).
+    constraint: Option<RefCell<Constraint>>,
+    /// The drafts this round verifies after the accepted tokens.
+    in_flight: Vec<u32>,
     text: TextStream,
     tokens: Vec<u32>,
     logprobs: Vec<TokenLogprob>,
@@ -44,6 +50,11 @@ impl<'a> Reply<'a> {
         Reply {
             engine,
             sampler: Sampler::new(req.sampling.clone(), prompt),
+            constraint: req
+                .grammar
+                .as_ref()
+                .map(|g| RefCell::new(Constraint::new(g, &engine.bundle().eos_ids))),
+            in_flight: Vec::new(),
             text: TextStream::new(req.stop.clone()),
             req,
             tokens: Vec::new(),
@@ -91,7 +102,38 @@ impl<'a> Reply<'a> {
 
 impl Client for Reply<'_> {
     fn pick(&self, position: usize, row: &[f32]) -> u32 {
-        self.sampler.pick(position, row)
+        // The accepted tokens and the drafts between them and this row: the
+        // reply before it, as serial decode would have accepted it.
+        let drafted = position.saturating_sub(self.prompt_tokens + self.tokens.len());
+        let drafted = drafted.min(self.in_flight.len());
+        let budget = self.req.thinking_budget.as_ref();
+        if let Some(budget) = budget.filter(|b| b.covers(self.tokens.len() + drafted)) {
+            let before: Vec<u32> = self
+                .tokens
+                .iter()
+                .chain(&self.in_flight[..drafted])
+                .copied()
+                .collect();
+            if let Some(t) = budget.forced(self.engine, &before) {
+                return t;
+            }
+        }
+        let Some(constraint) = &self.constraint else {
+            return self.sampler.pick(position, row);
+        };
+        let mut constraint = constraint.borrow_mut();
+        let mask = constraint.mask(drafted);
+        let masked = constraint.apply(mask.as_ref(), row);
+        self.sampler.pick(position, &masked)
+    }
+
+    fn drafts(&mut self, drafts: Vec<u32>) -> Vec<u32> {
+        let drafts = match &self.constraint {
+            Some(c) => c.borrow_mut().cut_drafts(drafts),
+            None => drafts,
+        };
+        self.in_flight.clone_from(&drafts);
+        drafts
     }
 
     fn accept(&mut self, token: u32, row: &[f32]) -> bool {
@@ -107,6 +149,9 @@ impl Client for Reply<'_> {
             return false;
         }
         self.tokens.push(token);
+        if let Some(c) = &self.constraint {
+            c.borrow_mut().accept(token);
+        }
         if let Some(n) = self.req.logprobs {
             self.logprobs.push(token_logprob(row, token, n));
         }

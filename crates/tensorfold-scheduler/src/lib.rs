@@ -57,6 +57,12 @@ pub trait Client {
     /// Takes the next token (picked from `row`); returns whether the stream
     /// goes on.
     fn accept(&mut self, token: u32, row: &[f32]) -> bool;
+    /// The drafts a round will verify after the pending token. A client
+    /// whose picks are constrained (a grammar) cuts them where they could
+    /// never be kept and reads them to pick the rows that follow them.
+    fn drafts(&mut self, drafts: Vec<u32>) -> Vec<u32> {
+        drafts
+    }
 }
 
 /// Prompt rows a round may take: bounds the forward's workspace.
@@ -286,6 +292,11 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
                     let drafts = match &mut s.drafter {
                         Some(d) if room > 0 => d.propose(&s.context, room),
                         _ => Vec::new(),
+                    };
+                    let drafts = if drafts.is_empty() {
+                        drafts
+                    } else {
+                        s.client.drafts(drafts)
                     };
                     Rows::Decode(std::iter::once(t).chain(drafts).collect())
                 }

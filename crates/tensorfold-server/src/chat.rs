@@ -1,8 +1,12 @@
-//! `POST /v1/chat/completions` and `POST /v1/responses`.
+//! `POST /v1/chat/completions`.
 
+use crate::body::{json_object, typed, ChatBody, Content, Generation, Message, Role, ToolChoice};
 use crate::error::ApiError;
+use crate::messages::fragments;
+use crate::reasoning::{self, ThinkSplit};
 use crate::request::{
-    check_model, collect, count_error, finish_reason, generate_request, parse_body, submit, usage,
+    check_model, collect, compile_grammar, count_error, finish_reason, generate_request,
+    grammar_spec, prompt_ids, submit, usage, LengthField,
 };
 use crate::tools::{self, ToolCall};
 use crate::worker::Event;
@@ -15,72 +19,67 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 use std::convert::Infallible;
-use tensorfold_engine::{Completion, Engine, Prompt};
+use tensorfold_engine::{Completion, Engine, Prompt, ThinkingBudget};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 /// Message content as text: a string, or the text parts of a list.
-fn content_text(content: &Value) -> Result<String, ApiError> {
+fn content_text(content: &Option<Content>, index: usize) -> Result<String, ApiError> {
     match content {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => parts
+        None => Ok(String::new()),
+        Some(Content::Text(s)) => Ok(s.clone()),
+        Some(Content::Parts(parts)) => parts
             .iter()
-            .map(|p| match (p["type"].as_str(), p["text"].as_str()) {
-                (Some("text" | "input_text" | "output_text"), Some(t)) => Ok(t.to_string()),
+            .enumerate()
+            .map(|(j, p)| match (p.kind.as_str(), &p.text) {
+                ("text" | "input_text" | "output_text", Some(t)) => Ok(t.clone()),
                 _ => Err(
                     ApiError::bad_request("only text content parts are supported")
-                        .param("messages"),
+                        .param(&format!("messages[{index}].content[{j}]")),
                 ),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(|v| v.join("")),
-        _ => Err(
-            ApiError::bad_request("message content must be a string or a list of parts")
-                .param("messages"),
-        ),
     }
 }
 
 /// OpenAI messages to what chat templates expect: `developer` becomes
 /// `system`, content becomes text, tool-call arguments become objects.
-fn normalize(messages: &Value) -> Result<Vec<Value>, ApiError> {
-    let list = messages
-        .as_array()
-        .filter(|l| !l.is_empty())
-        .ok_or_else(|| {
-            ApiError::bad_request("'messages' must be a non-empty list").param("messages")
-        })?;
-    list.iter()
-        .map(|m| {
-            let role = m["role"]
-                .as_str()
-                .ok_or_else(|| ApiError::bad_request("each message needs a 'role'").param("messages"))?;
-            let role = match role {
-                "developer" => "system",
-                r @ ("system" | "user" | "assistant" | "tool") => r,
-                other => return Err(ApiError::bad_request(format!("unknown role '{other}'")).param("messages")),
+pub fn normalize(messages: &[Message]) -> Result<Vec<Value>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_request("'messages' must be a non-empty list").param("messages"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role {
+                Role::System | Role::Developer => "system",
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::Tool => "tool",
             };
             let mut out = Map::new();
             out.insert("role".into(), json!(role));
-            out.insert("content".into(), json!(content_text(&m["content"])?));
-            if let Some(calls) = m["tool_calls"].as_array() {
+            out.insert("content".into(), json!(content_text(&m.content, i)?));
+            if let Some(calls) = &m.tool_calls {
                 let calls: Vec<Value> = calls
                     .iter()
                     .map(|c| {
-                        let f = &c["function"];
-                        let args = match &f["arguments"] {
+                        let args = match &c.function.arguments {
                             Value::String(s) => serde_json::from_str(s).unwrap_or(json!({})),
+                            Value::Null => json!({}),
                             other => other.clone(),
                         };
-                        json!({"id": c["id"], "type": "function", "function": {"name": f["name"], "arguments": args}})
+                        json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
                     })
                     .collect();
                 out.insert("tool_calls".into(), Value::Array(calls));
             }
-            for key in ["name", "tool_call_id"] {
-                if let Some(v) = m.get(key).filter(|v| !v.is_null()) {
-                    out.insert(key.into(), v.clone());
-                }
+            if let Some(name) = &m.name {
+                out.insert("name".into(), json!(name));
+            }
+            if let Some(id) = &m.tool_call_id {
+                out.insert("tool_call_id".into(), json!(id));
             }
             Ok(Value::Object(out))
         })
@@ -88,34 +87,19 @@ fn normalize(messages: &Value) -> Result<Vec<Value>, ApiError> {
 }
 
 /// The tools offered to the template, as `tool_choice` narrows them.
-fn offered_tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiError> {
-    let Some(tools) = body.get("tools").filter(|t| !t.is_null()) else {
+fn offered_tools(body: &ChatBody) -> Result<Option<Vec<Value>>, ApiError> {
+    let Some(tools) = &body.tools else {
         return Ok(None);
     };
-    let tools = tools
-        .as_array()
-        .ok_or_else(|| ApiError::bad_request("'tools' must be a list").param("tools"))?;
-    let mut tools: Vec<Value> = tools
-        .iter()
-        .map(|t| {
-            let mut t = t.clone();
-            if t["function"]["parameters"].is_null() {
-                t["function"]["parameters"] = json!({"type": "object", "properties": {}});
-            }
-            t
-        })
-        .collect();
-    match body.get("tool_choice") {
-        Some(Value::String(c)) if c == "none" => return Ok(None),
-        Some(Value::Object(o)) => {
-            let name = o
-                .get("function")
-                .and_then(|f| f["name"].as_str())
-                .unwrap_or_default();
-            tools.retain(|t| t["function"]["name"] == name);
+    let mut tools: Vec<Value> = tools.iter().map(|t| json!(t)).collect();
+    match &body.tool_choice {
+        Some(ToolChoice::Mode(c)) if c == "none" => return Ok(None),
+        Some(ToolChoice::Named { function }) => {
+            tools.retain(|t| t["function"]["name"] == function.name.as_str());
             if tools.is_empty() {
                 return Err(ApiError::bad_request(format!(
-                    "tool_choice names unknown function '{name}'"
+                    "tool_choice names unknown function '{}'",
+                    function.name
                 ))
                 .param("tool_choice"));
             }
@@ -125,29 +109,30 @@ fn offered_tools(body: &Map<String, Value>) -> Result<Option<Vec<Value>>, ApiErr
     Ok(Some(tools))
 }
 
-/// Renders and tokenizes a chat prompt.
-fn chat_prompt(
-    engine: &Engine,
+/// A chat prompt: messages and the template's variables (tools, reasoning
+/// effort, the request's `chat_template_kwargs`).
+pub fn chat_prompt(
     messages: Vec<Value>,
-    body: &Map<String, Value>,
     tools: &Option<Vec<Value>>,
-) -> Result<Vec<u32>, ApiError> {
+    reasoning_effort: &Option<String>,
+    kwargs: &Option<Map<String, Value>>,
+) -> Prompt {
     let mut vars = Map::new();
     if let Some(t) = tools {
         vars.insert("tools".into(), Value::Array(t.clone()));
     }
-    if let Some(e) = body.get("reasoning_effort").filter(|v| !v.is_null()) {
-        vars.insert("reasoning_effort".into(), e.clone());
+    if let Some(e) = reasoning_effort {
+        vars.insert("reasoning_effort".into(), json!(e));
     }
-    if let Some(Value::Object(kw)) = body.get("chat_template_kwargs") {
+    if let Some(kw) = kwargs {
         for (k, v) in kw {
             vars.insert(k.clone(), v.clone());
         }
     }
-    Ok(engine.prompt_tokens(&Prompt::Chat {
+    Prompt::Chat {
         messages,
         template_vars: vars,
-    })?)
+    }
 }
 
 fn openai_tool_calls(calls: &[ToolCall], tools: &[Value], parallel: bool) -> Vec<Value> {
@@ -202,29 +187,43 @@ fn chat_logprobs(engine: &Engine, c: &Completion) -> Value {
 struct ChatCall {
     tools: Option<Vec<Value>>,
     parallel: bool,
+    /// `Some(inside)` when the reply's reasoning is split off; `inside`:
+    /// the prompt opened the block.
+    reasoning: Option<bool>,
 }
 
 impl ChatCall {
-    /// Splits the reply into content and tool calls.
-    fn outcome(&self, c: &Completion) -> (String, Vec<Value>) {
+    /// The reply's reasoning (if split off) and the rest.
+    fn split_reasoning(&self, c: &Completion) -> (Option<String>, String) {
+        match self.reasoning {
+            Some(inside) => {
+                let parts = ThinkSplit::split(&c.text, inside);
+                (Some(parts.reasoning), parts.content)
+            }
+            None => (None, c.text.clone()),
+        }
+    }
+
+    /// Splits the answer into content and tool calls.
+    fn outcome(&self, text: &str) -> (String, Vec<Value>) {
         match &self.tools {
             Some(tools) => {
                 let offered: Vec<&str> = tools
                     .iter()
                     .filter_map(|t| t["function"]["name"].as_str())
                     .collect();
-                let (text, calls) = tools::parse(&c.text, &offered);
+                let (rest, calls) = tools::parse(text, &offered);
                 let calls = openai_tool_calls(&calls, tools, self.parallel);
                 (
                     if calls.is_empty() {
-                        c.text.clone()
+                        text.to_string()
                     } else {
-                        text
+                        rest
                     },
                     calls,
                 )
             }
-            None => (c.text.clone(), Vec::new()),
+            None => (text.to_string(), Vec::new()),
         }
     }
 }
@@ -243,27 +242,41 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
     s.metrics
         .requests
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let body = parse_body(body)?;
-    check_model(&s, &body)?;
-    let messages = normalize(body.get("messages").unwrap_or(&Value::Null))?;
+    let value = json_object(body)?;
+    let (body, generation): (ChatBody, Generation) = (typed(&value)?, typed(&value)?);
+    check_model(&s, generation.model.as_deref())?;
+    let messages = normalize(&body.messages)?;
     let tools = offered_tools(&body)?;
-    let prompt = chat_prompt(&s.engine, messages, &body, &tools)?;
-    let (req, common) =
-        generate_request(&s, &body, prompt, &["max_tokens", "max_completion_tokens"])?;
+    let prompt = chat_prompt(
+        messages,
+        &tools,
+        &body.reasoning_effort,
+        &body.chat_template_kwargs,
+    );
+    let reuse = generation.cache_prompt.unwrap_or(true);
+    let prompt = prompt_ids(&s, prompt, reuse).await?;
+    let reasoning = reasoning::channel(&s.engine, &prompt, body.reasoning_format.as_deref());
+    let (mut req, common) = generate_request(&s, &generation, prompt, LengthField::Chat)?;
+    compile_grammar(&s, grammar_spec(&generation)?, &mut req).await?;
+    if let (Some(tokens), Some(inside)) = (body.max_thinking_tokens, reasoning) {
+        req.thinking_budget = Some(ThinkingBudget::new(&s.engine, tokens as usize, inside)?);
+    }
     let call = ChatCall {
-        parallel: body
-            .get("parallel_tool_calls")
-            .and_then(Value::as_bool)
-            .unwrap_or(true),
+        parallel: body.parallel_tool_calls.unwrap_or(true),
         tools,
+        reasoning,
     };
     let rx = submit(&s, req)?;
     let id = request_id("chatcmpl");
     let model = s.config.name.clone();
     if !common.stream {
         let c = collect(rx).await?;
-        let (content, calls) = call.outcome(&c);
+        let (thought, answer) = call.split_reasoning(&c);
+        let (content, calls) = call.outcome(&answer);
         let mut message = json!({"role": "assistant", "content": content});
+        if let Some(r) = thought.as_deref().filter(|r| !r.is_empty()) {
+            message["reasoning_content"] = json!(r);
+        }
         let finish = if calls.is_empty() {
             finish_reason(&c)
         } else {
@@ -286,7 +299,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
             "created": now(),
             "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}],
-            "usage": usage(&c),
+            "usage": usage(&c, reasoning::tokens(&s.engine, &c, thought.as_deref())),
         }))
         .into_response());
     }
@@ -305,6 +318,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
     let mut sent = 0usize;
     let mut text = String::new();
     let mut first = true;
+    let mut split = call.reasoning.map(ThinkSplit::new);
     let watch_tools = call.tools.is_some();
     let include_usage = common.include_usage;
     let want_logprobs = common.logprobs.is_some();
@@ -318,8 +332,29 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
             ));
             first = false;
         }
+        // Reasoning streams as it comes; the answer goes on to the content.
+        let mut answer = |delta: &str, finished: bool, out: &mut Vec<Value>| -> String {
+            let Some(split) = &mut split else {
+                return delta.to_string();
+            };
+            let mut parts = split.push(delta);
+            if finished {
+                let rest = split.finish();
+                parts.reasoning.push_str(&rest.reasoning);
+                parts.content.push_str(&rest.content);
+            }
+            if !parts.reasoning.is_empty() {
+                out.push(chunk(
+                    json!({"reasoning_content": parts.reasoning}),
+                    Value::Null,
+                    Value::Null,
+                ));
+            }
+            parts.content
+        };
         match ev {
             Event::Delta(d) => {
+                let d = answer(&d, false, &mut out);
                 text.push_str(&d);
                 let safe = if watch_tools {
                     safe_prefix(&text)
@@ -339,7 +374,10 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
                 out.push(ApiError::from(e).body());
             }
             Event::Done(Ok(c)) => {
-                let (content, calls) = call.outcome(&c);
+                let rest = answer("", true, &mut out);
+                text.push_str(&rest);
+                let (thought, _) = call.split_reasoning(&c);
+                let (content, calls) = call.outcome(&text);
                 if content.len() > sent && content.starts_with(&text[..sent]) {
                     out.push(chunk(
                         json!({"content": &content[sent..]}),
@@ -350,11 +388,11 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
                 let finish = if calls.is_empty() {
                     finish_reason(&c)
                 } else {
-                    out.push(chunk(
-                        json!({"tool_calls": calls}),
-                        Value::Null,
-                        Value::Null,
-                    ));
+                    out.extend(
+                        tool_call_deltas(&calls)
+                            .into_iter()
+                            .map(|d| chunk(json!({"tool_calls": [d]}), Value::Null, Value::Null)),
+                    );
                     "tool_calls"
                 };
                 let lp = if want_logprobs {
@@ -366,7 +404,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
                 if include_usage {
                     let mut u = chunk(json!({}), Value::Null, Value::Null);
                     u["choices"] = json!([]);
-                    u["usage"] = usage(&c);
+                    u["usage"] = usage(&c, reasoning::tokens(&engine, &c, thought.as_deref()));
                     out.push(u);
                 }
             }
@@ -382,10 +420,28 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
     Ok(Sse::new(stream.chain(done)).into_response())
 }
 
+/// Tool calls as streaming clients expect them: for each call, a delta
+/// with its id and name (empty arguments), then the arguments in fragments.
+fn tool_call_deltas(calls: &[Value]) -> Vec<Value> {
+    let mut out = Vec::new();
+    for call in calls {
+        let index = &call["index"];
+        out.push(json!({
+            "index": index, "id": call["id"], "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }));
+        let args = call["function"]["arguments"].as_str().unwrap_or("");
+        for piece in fragments(args, 24) {
+            out.push(json!({"index": index, "function": {"arguments": piece}}));
+        }
+    }
+    out
+}
+
 /// Bytes of `text` that cannot be part of a tool call: everything before a
 /// `<tool_call>` tag (or a partial one at the end), and nothing of a reply
 /// that starts like a bare call object.
-fn safe_prefix(text: &str) -> usize {
+pub(crate) fn safe_prefix(text: &str) -> usize {
     let lead = text.trim_start();
     if lead.is_empty() || lead.starts_with(['{', '[', '`']) {
         return 0;
@@ -398,53 +454,4 @@ fn safe_prefix(text: &str) -> usize {
         .rev()
         .find(|&n| text.ends_with(&open[..n]))
         .map_or(text.len(), |n| text.len() - n)
-}
-
-/// `POST /v1/responses`: `input` (text or messages) and `instructions`,
-/// answered as one output message; not stored.
-pub async fn responses(State(s): State<Shared>, body: Bytes) -> Response {
-    let result = async {
-        s.metrics.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let body = parse_body(&body)?;
-        check_model(&s, &body)?;
-        if body.get("stream").and_then(Value::as_bool) == Some(true) {
-            return Err(ApiError::bad_request("streaming is not supported on /v1/responses; use /v1/chat/completions").param("stream"));
-        }
-        let mut messages = Vec::new();
-        if let Some(i) = body.get("instructions").and_then(Value::as_str) {
-            messages.push(json!({"role": "system", "content": i}));
-        }
-        match body.get("input") {
-            Some(Value::String(t)) => messages.push(json!({"role": "user", "content": t})),
-            Some(Value::Array(items)) => messages.extend(items.iter().cloned()),
-            _ => return Err(ApiError::bad_request("'input' must be a string or a list of messages").param("input")),
-        }
-        let messages = normalize(&Value::Array(messages))?;
-        let prompt = chat_prompt(&s.engine, messages, &body, &None)?;
-        let (req, _) = generate_request(&s, &body, prompt, &["max_output_tokens"])?;
-        let c = collect(submit(&s, req)?).await?;
-        let status = if c.finish_reason == tensorfold_engine::FinishReason::Length { "incomplete" } else { "completed" };
-        Ok(Json(json!({
-            "id": request_id("resp"),
-            "object": "response",
-            "created_at": now(),
-            "status": status,
-            "model": s.config.name,
-            "output": [{
-                "type": "message", "id": request_id("msg"), "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": c.text, "annotations": []}],
-            }],
-            "usage": {
-                "input_tokens": c.prompt_tokens, "output_tokens": c.completion_tokens,
-                "total_tokens": c.prompt_tokens + c.completion_tokens,
-                "input_tokens_details": {"cached_tokens": c.cached_tokens}, "output_tokens_details": {"reasoning_tokens": 0},
-            },
-        }))
-        .into_response())
-    }
-    .await;
-    result.unwrap_or_else(|e| {
-        count_error(&s);
-        e.into_response()
-    })
 }

@@ -1,8 +1,10 @@
 //! `POST /v1/completions`: a raw prompt, no template.
 
+use crate::body::{json_object, typed, CompletionBody, CompletionPrompt, Generation};
 use crate::error::ApiError;
 use crate::request::{
-    check_model, collect, count_error, finish_reason, generate_request, parse_body, submit, usage,
+    check_model, collect, compile_grammar, count_error, finish_reason, generate_request,
+    grammar_spec, prompt_ids, submit, usage, LengthField,
 };
 use crate::worker::Event;
 use crate::{now, request_id, Shared};
@@ -14,23 +16,20 @@ use axum::Json;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use tensorfold_engine::{Completion, Engine};
+use tensorfold_engine::{Completion, Engine, Prompt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-fn prompt_tokens(engine: &Engine, prompt: Option<&Value>) -> Result<Vec<u32>, ApiError> {
-    let bad = || {
-        ApiError::bad_request("'prompt' must be a string, a list of one string, or token ids")
-            .param("prompt")
-    };
+/// The prompt as the engine takes it: text (so a reply sent back keeps
+/// its generated ids) or ids.
+fn completion_prompt(prompt: CompletionPrompt) -> Result<Prompt, ApiError> {
     match prompt {
-        Some(Value::String(s)) => Ok(engine.encode(s)?),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            Ok(engine.encode(a[0].as_str().unwrap_or(""))?)
-        }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            Ok(a.iter().map(|v| v.as_u64().unwrap_or(0) as u32).collect())
-        }
-        _ => Err(bad()),
+        CompletionPrompt::Text(t) => Ok(Prompt::Text(t)),
+        CompletionPrompt::Texts(mut t) if t.len() == 1 => Ok(Prompt::Text(t.remove(0))),
+        CompletionPrompt::Tokens(ids) if !ids.is_empty() => Ok(Prompt::Tokens(ids)),
+        _ => Err(ApiError::bad_request(
+            "'prompt' must be a string, a list of one string, or token ids",
+        )
+        .param("prompt")),
     }
 }
 
@@ -59,10 +58,13 @@ fn legacy_logprobs(engine: &Engine, c: &Completion) -> Value {
 pub async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
     let result = async {
         s.metrics.requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let body = parse_body(&body)?;
-        check_model(&s, &body)?;
-        let prompt = prompt_tokens(&s.engine, body.get("prompt"))?;
-        let (req, common) = generate_request(&s, &body, prompt, &["max_tokens"])?;
+        let value = json_object(&body)?;
+        let (body, generation): (CompletionBody, Generation) = (typed(&value)?, typed(&value)?);
+        check_model(&s, generation.model.as_deref())?;
+        let prompt = completion_prompt(body.prompt)?;
+        let prompt = prompt_ids(&s, prompt, generation.cache_prompt.unwrap_or(true)).await?;
+        let (mut req, common) = generate_request(&s, &generation, prompt, LengthField::Plain)?;
+        compile_grammar(&s, grammar_spec(&generation)?, &mut req).await?;
         let rx = submit(&s, req)?;
         let (id, model, created) = (request_id("cmpl"), s.config.name.clone(), now());
         if !common.stream {
@@ -71,7 +73,7 @@ pub async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
             return Ok(Json(json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": 0, "text": c.text, "finish_reason": finish_reason(&c), "logprobs": lp}],
-                "usage": usage(&c),
+                "usage": usage(&c, 0),
             }))
             .into_response());
         }
@@ -89,7 +91,7 @@ pub async fn completions(State(s): State<Shared>, body: Bytes) -> Response {
                     if include_usage {
                         let mut u = chunk("", Value::Null);
                         u["choices"] = json!([]);
-                        u["usage"] = usage(&c);
+                        u["usage"] = usage(&c, 0);
                         v.push(u);
                     }
                     v

@@ -1,7 +1,9 @@
 //! An OpenAI-compatible HTTP server over the TensorFold engine.
 //!
 //! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `POST /v1/responses`, `GET /metrics`, and a chat
+//! `POST /v1/completions`, `POST /v1/responses`, `POST /tokenize`,
+//! `POST /detokenize`, `GET /props`, `GET /metrics`, Anthropic's
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`, and a chat
 //! page at `/`. Replies are the engine's, so a drafted reply is
 //! byte-identical to `"draft": false`.
 //!
@@ -14,12 +16,18 @@
 //! # }
 //! ```
 
+mod body;
 mod chat;
 mod completions;
 mod error;
+mod messages;
 mod metrics;
 mod page;
+mod reasoning;
 mod request;
+mod responses;
+mod store;
+mod tokenize;
 mod tools;
 mod worker;
 
@@ -50,6 +58,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Requests that may wait for the worker before new ones get 503.
     pub queue: usize,
+    /// Responses `/v1/responses` keeps at most (for `previous_response_id`).
+    pub stored_responses: usize,
 }
 
 impl ServerConfig {
@@ -61,6 +71,7 @@ impl ServerConfig {
             api_key: None,
             max_body_bytes: 8 << 20,
             queue: 64,
+            stored_responses: 1024,
         }
     }
 }
@@ -70,6 +81,7 @@ pub(crate) struct AppState {
     pub config: ServerConfig,
     pub worker: Worker,
     pub metrics: Arc<Metrics>,
+    pub responses: store::ResponseStore,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -81,17 +93,28 @@ pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let worker = Worker::start(engine.clone(), config.queue, metrics.clone());
     let limit = config.max_body_bytes;
+    let responses = store::ResponseStore::new(config.stored_responses);
     let state = Arc::new(AppState {
         engine,
         config,
         worker,
         metrics: metrics.clone(),
+        responses,
     });
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
-        .route("/v1/responses", post(chat::responses))
+        .route("/v1/responses", post(responses::responses))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get_response).delete(responses::delete_response),
+        )
+        .route("/v1/messages", post(messages::messages))
+        .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/props", get(tokenize::props))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             authorize,
@@ -121,11 +144,11 @@ pub async fn serve(
 async fn authorize(State(s): State<Shared>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.config.api_key {
         use subtle::ConstantTimeEq;
-        let given = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
+        // OpenAI clients send a bearer token, Anthropic clients `x-api-key`.
+        let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok());
+        let given = header(AUTHORIZATION.as_str())
             .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| header("x-api-key"))
             .unwrap_or("");
         if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
             return ApiError::unauthorized().into_response();

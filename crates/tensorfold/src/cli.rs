@@ -180,6 +180,10 @@ pub struct ServeArgs {
     /// Requests that may wait before new ones get 503.
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Responses `/v1/responses` keeps for `previous_response_id`; storing
+    /// more is refused until some are deleted.
+    #[arg(long, default_value_t = 1024)]
+    pub stored_responses: usize,
     /// Streams sharing each round: `auto` (as many as memory holds) or a count.
     #[arg(long, default_value = "auto")]
     pub parallel: tensorfold_engine::Parallel,
@@ -201,6 +205,9 @@ pub struct ServeArgs {
     /// Most retained prompt states (0 turns retention off).
     #[arg(long, default_value_t = tensorfold_engine::DEFAULT_CHECKPOINT_SLOTS)]
     pub checkpoint_slots: usize,
+    /// A Jinja chat template to use instead of the model's.
+    #[arg(long)]
+    pub chat_template_file: Option<PathBuf>,
 }
 
 /// Sampling flags shared by commands that generate.

@@ -43,6 +43,11 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .prompt_cache_gib
         .map(|g| (g * (1u64 << 30) as f64) as usize);
     engine.set_prompt_cache(retained, args.checkpoint_slots);
+    if let Some(path) = &args.chat_template_file {
+        let source =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        engine.set_chat_template(&source)?;
+    }
     let memory = engine.memory();
     let per_stream = tensorfold_engine::memory::Bytes(memory.stream_bytes(engine.window()));
     eprintln!(
@@ -66,6 +71,7 @@ pub fn serve(args: ServeArgs) -> Result<()> {
     config.api_key = args.api_key.clone();
     config.max_body_bytes = args.max_body_bytes;
     config.queue = args.queue;
+    config.stored_responses = args.stored_responses;
     let window = engine.window();
     let drafter = engine.drafter();
     let (app, metrics) = tensorfold_server::router(engine, config);
