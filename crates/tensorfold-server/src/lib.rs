@@ -16,12 +16,16 @@
 mod chat;
 mod completions;
 mod error;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+mod health;
 mod metrics;
 mod request;
 mod tools;
 mod worker;
 
 pub use error::ApiError;
+pub use health::Health;
 pub use metrics::{rss_bytes, Metrics};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -68,6 +72,7 @@ pub(crate) struct AppState {
     pub config: ServerConfig,
     pub worker: Worker,
     pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -77,13 +82,20 @@ pub(crate) type Shared = Arc<AppState>;
 pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
     let engine = Arc::new(engine);
     let metrics = Arc::new(Metrics::default());
-    let worker = Worker::start(engine.clone(), config.queue, metrics.clone());
+    let health = Arc::new(Health::default());
+    let worker = Worker::start(
+        engine.clone(),
+        config.queue,
+        metrics.clone(),
+        health.clone(),
+    );
     let limit = config.max_body_bytes;
     let state = Arc::new(AppState {
         engine,
         config,
         worker,
         metrics: metrics.clone(),
+        health,
     });
     let api = Router::new()
         .route("/v1/models", get(models))
@@ -95,7 +107,7 @@ pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
             authorize,
         ));
     let app = Router::new()
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health::health))
         .route("/metrics", get(metrics_text))
         .merge(api)
         .fallback(|| async { ApiError::not_found("unknown route", "not_found") })
