@@ -88,7 +88,11 @@ fn config_values_are_bounded() {
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     let cases = [
         ("num_hidden_layers", serde_json::json!(1u64 << 40), "layers"),
-        ("vocab_size", serde_json::json!(0), "vocab_size must be positive"),
+        (
+            "vocab_size",
+            serde_json::json!(0),
+            "vocab_size must be positive",
+        ),
         ("rms_norm_eps", serde_json::json!(-1.0), "rms_eps"),
         ("num_key_value_heads", serde_json::json!(3), "do not group"),
     ];
