@@ -247,11 +247,13 @@ fn check_tensors(content: &Content, alignment: u64, file_len: u64) -> Result<()>
                 format.block_elems()
             ));
         }
-        let bytes = (elems / format.block_elems()) as u64 * format.block_bytes() as u64;
+        let bytes =
+            ((elems / format.block_elems()) as u64).checked_mul(format.block_bytes() as u64);
         let end = content
             .tensor_data_offset
             .checked_add(info.offset)
-            .and_then(|start| start.checked_add(bytes));
+            .zip(bytes)
+            .and_then(|(start, bytes)| start.checked_add(bytes));
         if end.is_none_or(|end| end > file_len) {
             return bad("truncated: its data lies past the end of the file".into());
         }

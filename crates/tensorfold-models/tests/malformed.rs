@@ -105,3 +105,10 @@ fn config_values_are_bounded() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Found by fuzzing: a tensor whose stated size in bytes overflows.
+#[test]
+fn a_tensor_size_that_overflows_is_an_error() {
+    let err = inspect(&seed("gguf_header", "crash_size_overflow.gguf")).unwrap_err();
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
