@@ -50,7 +50,12 @@ pub fn run(args: FuzzArgs) -> Result<()> {
     let target_dir = crate::target_dir().join("fuzz");
     let mut runs = Vec::new();
     for target in targets {
-        runs.push(fuzz_one(&fuzz, &target_dir, target, args.seconds)?);
+        let run = fuzz_one(&fuzz, &target_dir, target, args.seconds)?;
+        println!(
+            "{target}: {} executions in {} s",
+            run.executions, run.seconds
+        );
+        runs.push(run);
     }
     println!(
         "{:<20} {:>12} {:>8} {:>8}",

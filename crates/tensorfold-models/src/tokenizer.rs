@@ -80,6 +80,15 @@ pub(crate) fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
                 .map(|(a, b)| (a.to_string(), b.to_string()))
         })
         .collect();
+    // Every merge must join two tokens into a third: the BPE builder
+    // assumes the joined token fits the longest one it has.
+    if let Some((a, b)) = merges.iter().find(|(a, b)| {
+        !(vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}")))
+    }) {
+        return Err(tok_err(format!(
+            "GGUF merge '{a} {b}' joins tokens that are not in the vocabulary"
+        )));
+    }
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .build()

@@ -112,3 +112,11 @@ fn a_tensor_size_that_overflows_is_an_error() {
     let err = inspect(&seed("gguf_header", "crash_size_overflow.gguf")).unwrap_err();
     assert!(err.to_string().contains("truncated"), "{err}");
 }
+
+/// Found by fuzzing: a merge whose joined token is not in the vocabulary
+/// (the BPE builder indexed past its buffer).
+#[test]
+fn a_merge_outside_the_vocabulary_is_an_error() {
+    let err = load_error(&seed("gguf_header", "merge_outside_vocab.gguf"));
+    assert!(err.contains("not in the vocabulary"), "{err}");
+}
