@@ -65,7 +65,7 @@ impl<R: Read + Seek> Scanner<'_, R> {
         let step = i64::try_from(n).map_err(|_| malformed("length too large"))?;
         self.reader
             .seek(SeekFrom::Current(step))
-            .map_err(|e| malformed(e))?;
+            .map_err(malformed)?;
         self.remaining -= n;
         Ok(())
     }
@@ -121,7 +121,7 @@ impl<R: Read + Seek> Scanner<'_, R> {
                 let element = self.u32()?;
                 let len = self.length()?;
                 match Self::fixed_size(element) {
-                    Some(size) => self.skip(len.checked_mul(size).unwrap_or(u64::MAX))?,
+                    Some(size) => self.skip(len.saturating_mul(size))?,
                     None => {
                         // Every string or array element takes at least 4 bytes.
                         if len.saturating_mul(4) > self.remaining {
