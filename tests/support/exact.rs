@@ -79,7 +79,11 @@ fn subjects(full: bool) -> Vec<Subject> {
             true,
         ),
     ];
+    let required = std::env::var_os("TENSORFOLD_REQUIRE_MODELS").is_some();
     for (name, target, draft, chat) in real {
+        if !target.exists() && required {
+            panic!("{} is missing: run `cargo xtask models`", target.display());
+        }
         if target.exists() {
             out.push(Subject {
                 name: name.into(),
@@ -94,6 +98,9 @@ fn subjects(full: bool) -> Vec<Subject> {
         m.join("qwen2.5-coder-0.5b-instruct.gguf"),
         m.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"),
     );
+    if full && required && !(q05.exists() && q15.exists()) {
+        panic!("the Qwen2.5-Coder pair is missing: run `cargo xtask models --all`");
+    }
     if full && q05.exists() && q15.exists() {
         out.push(Subject {
             name: "qwen2.5-coder-1.5b".into(),

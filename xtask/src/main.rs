@@ -1,7 +1,10 @@
-//! Project tasks: `cargo xtask models`, `cargo xtask bench`, `cargo xtask test`.
+//! Project tasks: `cargo xtask models`, `cargo xtask bench`, `cargo xtask test`,
+//! `cargo xtask fuzz`, `cargo xtask soak`.
 
 mod bench;
+mod fuzz;
 mod peer;
+mod soak;
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -58,6 +61,10 @@ enum Task {
         #[arg(long, default_value = "cpu")]
         backend: String,
     },
+    /// Every cargo-fuzz target in fuzz/, one after another.
+    Fuzz(fuzz::FuzzArgs),
+    /// The release server under sustained mixed load with hang-ups.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> Result<()> {
@@ -66,6 +73,8 @@ fn main() -> Result<()> {
         Task::Bench(args) => bench::run(*args),
         Task::Test => test(),
         Task::Plot { report } => peer::replot(&report),
+        Task::Fuzz(args) => fuzz::run(args),
+        Task::Soak(args) => soak::run(args),
         Task::Exact { fast, backend } => {
             fetch(false)?;
             let mut flags = vec!["--backend", backend.as_str()];

@@ -335,6 +335,15 @@ impl Engine {
         self.device.name()
     }
 
+    /// Asks the target's device whether it still answers (after a failed
+    /// round); the CPU always does.
+    pub fn check_device(&self) -> Result<(), EngineError> {
+        match self.device.device_memory() {
+            Some(Err(e)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn target(&self) -> Target<'_> {
         Target {
             model: &self.bundle.model,
@@ -450,9 +459,10 @@ impl Engine {
         let context =
             || Box::new(ContextDrafter::new(ContextConfig::default())) as Box<dyn Drafter>;
         let model = || {
-            self.draft_model
-                .as_ref()
-                .map(|m| Box::new(DraftModel::new(m.clone())) as Box<dyn Drafter>)
+            self.draft_model.as_ref().map(|m| {
+                let target_vocab = self.bundle.model.config.vocab_size;
+                Box::new(DraftModel::new(m.clone(), target_vocab)) as Box<dyn Drafter>
+            })
         };
         match self.drafter {
             DrafterChoice::None => None,

@@ -4,6 +4,14 @@
 use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::Value as Json;
 
+/// Instructions one render may run: a real template spends a few hundred
+/// per message, so only a runaway loop reaches this.
+const RENDER_FUEL: u64 = 20_000_000;
+/// Bytes one render may write: far more than any context window holds.
+const RENDER_BYTES: usize = 64 << 20;
+/// Nesting of calls, macros and includes.
+const RENDER_DEPTH: usize = 64;
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -34,6 +42,8 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(RENDER_FUEL));
+        env.set_recursion_limit(RENDER_DEPTH);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| format!("chat template: {e}"))?;
         Ok(ChatTemplate {
@@ -60,15 +70,37 @@ impl ChatTemplate {
         );
         ctx.insert("bos_token".into(), Json::String(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Json::String(self.eos_token.clone()));
-        tmpl.render(Value::from_serialize(&ctx)).map_err(|e| {
-            let mut msg = format!("chat template: {e}");
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                msg.push_str(&format!(": {s}"));
-                src = s.source();
-            }
-            msg
-        })
+        let mut out = Bounded(Vec::new());
+        tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out)
+            .map_err(|e| {
+                let mut msg = format!("chat template: {e}");
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                msg
+            })?;
+        String::from_utf8(out.0).map_err(|e| format!("chat template: {e}"))
+    }
+}
+
+/// A buffer that refuses to grow past [`RENDER_BYTES`].
+struct Bounded(Vec<u8>);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > RENDER_BYTES {
+            return Err(std::io::Error::other(format!(
+                "the rendered prompt exceeds {RENDER_BYTES} bytes"
+            )));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -97,6 +129,26 @@ mod tests {
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn runaway_templates_end_with_an_error() {
+        let render = |src: &str| {
+            let t = ChatTemplate::new(src, None, None).unwrap();
+            t.render(
+                &[json!({"role": "user", "content": "x"})],
+                true,
+                &Default::default(),
+            )
+        };
+        let endless =
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
+        let err = render(endless).unwrap_err();
+        assert!(err.contains("fuel"), "{err}");
+        let huge = "{% for a in range(10000) %}{{ 'x' * 100000 }}{% endfor %}";
+        assert!(render(huge).is_err());
+        let deep = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        assert!(render(deep).is_err());
     }
 
     #[test]

@@ -68,6 +68,38 @@ impl ModelConfig {
         if let Some((name, _)) = nonzero.iter().find(|(_, v)| *v == 0) {
             return Err(format!("{name} must be positive"));
         }
+        // Bounds far above any real model keep every product of sizes
+        // (a layer's weights, a cache row) inside `usize`.
+        let bounded = [
+            ("vocab_size", self.vocab_size, 1 << 24),
+            ("hidden_size", self.hidden_size, 1 << 18),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("layers", self.layers, 1 << 12),
+            ("heads", self.heads, 1 << 12),
+            ("kv_heads", self.kv_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 12),
+            ("max_positions", self.max_positions, 1 << 24),
+        ];
+        if let Some((name, value, limit)) = bounded.iter().find(|(_, v, limit)| v > limit) {
+            return Err(format!(
+                "{name} {value} exceeds the largest supported ({limit})"
+            ));
+        }
+        if self.max_positions == 0 {
+            return Err("max_positions must be positive".into());
+        }
+        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
+            return Err(format!(
+                "rms_eps {} must be positive and finite",
+                self.rms_eps
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(format!(
+                "rope_theta {} must be positive and finite",
+                self.rope_theta
+            ));
+        }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!(
                 "{} heads do not group over {} kv heads",

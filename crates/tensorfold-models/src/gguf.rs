@@ -3,6 +3,7 @@
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::family;
+use crate::gguf_scan;
 use crate::weights::TensorSource;
 use candle_core::quantized::gguf_file::{Content, Value};
 use std::collections::HashMap;
@@ -96,6 +97,8 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile> {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         let mut file = BufReader::new(file);
+        let in_file = |e: ModelError| ModelError::Malformed(format!("{}: {e}", path.display()));
+        let layout = gguf_scan::scan(&mut file).map_err(in_file)?;
         let content = Content::read(&mut file).map_err(|e| {
             // candle appends a backtrace when RUST_BACKTRACE is set: keep the message.
             let e = e.to_string();
@@ -110,17 +113,7 @@ impl GgufFile {
             .metadata()
             .map_err(|e| ModelError::io(path, e))?
             .len();
-        for (name, info) in &content.tensor_infos {
-            let bytes = Format::from_ggml(info.ggml_dtype).map_or(0, |f| {
-                (info.shape.elem_count() / f.block_elems() * f.block_bytes()) as u64
-            });
-            if content.tensor_data_offset + info.offset + bytes > file_len {
-                return Err(ModelError::Malformed(format!(
-                    "{}: truncated: tensor {name} lies past the end of the file",
-                    path.display()
-                )));
-            }
-        }
+        check_tensors(&content, layout.alignment, file_len).map_err(in_file)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             file,
@@ -211,6 +204,11 @@ impl GgufFile {
         })
     }
 
+    /// The tokenizer the metadata describes.
+    pub fn tokenizer(&self) -> Result<tokenizers::Tokenizer> {
+        crate::tokenizer::from_gguf(&self.metadata())
+    }
+
     pub fn chat_template(&self) -> Option<String> {
         self.metadata()
             .str("tokenizer.chat_template")
@@ -220,6 +218,47 @@ impl GgufFile {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Every tensor's shape, block layout and data must lie inside the file,
+/// aligned as the header says.
+fn check_tensors(content: &Content, alignment: u64, file_len: u64) -> Result<()> {
+    for (name, info) in &content.tensor_infos {
+        let bad = |what: String| Err(ModelError::Malformed(format!("tensor {name}: {what}")));
+        let dims = info.shape.dims();
+        let Some(elems) = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+            return bad(format!("shape {dims:?} overflows"));
+        };
+        if info.offset % alignment != 0 {
+            return bad(format!(
+                "offset {} is not a multiple of the alignment {alignment}",
+                info.offset
+            ));
+        }
+        // Unsupported formats are refused by name in `tensors`.
+        let Some(format) = Format::from_ggml(info.ggml_dtype) else {
+            continue;
+        };
+        let row = dims.last().copied().unwrap_or(1);
+        if !row.is_multiple_of(format.block_elems()) {
+            return bad(format!(
+                "rows of {row} values do not fill {} blocks of {}",
+                format.name(),
+                format.block_elems()
+            ));
+        }
+        let bytes =
+            ((elems / format.block_elems()) as u64).checked_mul(format.block_bytes() as u64);
+        let end = content
+            .tensor_data_offset
+            .checked_add(info.offset)
+            .zip(bytes)
+            .and_then(|(start, bytes)| start.checked_add(bytes));
+        if end.is_none_or(|end| end > file_len) {
+            return bad("truncated: its data lies past the end of the file".into());
+        }
+    }
+    Ok(())
 }
 
 impl TensorSource for GgufFile {

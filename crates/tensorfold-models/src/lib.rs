@@ -21,6 +21,7 @@ mod decoder;
 mod error;
 mod family;
 mod gguf;
+mod gguf_scan;
 mod hf;
 pub mod mlx;
 pub mod synth;

@@ -63,6 +63,9 @@ pub(crate) fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
     let tokens = md
         .strings("tokenizer.ggml.tokens")
         .ok_or_else(|| tok_err("GGUF has no tokenizer.ggml.tokens"))?;
+    if tokens.len() > u32::MAX as usize {
+        return Err(tok_err("GGUF has more tokens than 32-bit ids can name"));
+    }
     let merges = md.strings("tokenizer.ggml.merges").unwrap_or_default();
     let types = md.ints("tokenizer.ggml.token_type").unwrap_or_default();
     let vocab: tokenizers::models::bpe::Vocab = tokens
@@ -77,6 +80,15 @@ pub(crate) fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
                 .map(|(a, b)| (a.to_string(), b.to_string()))
         })
         .collect();
+    // Every merge must join two tokens into a third: the BPE builder
+    // assumes the joined token fits the longest one it has.
+    if let Some((a, b)) = merges.iter().find(|(a, b)| {
+        !(vocab.contains_key(a) && vocab.contains_key(b) && vocab.contains_key(&format!("{a}{b}")))
+    }) {
+        return Err(tok_err(format!(
+            "GGUF merge '{a} {b}' joins tokens that are not in the vocabulary"
+        )));
+    }
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
         .build()
@@ -88,11 +100,18 @@ pub(crate) fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
     tk.with_decoder(Some(ByteLevelDecoder::default()));
     // Control (3) tokens are special; user-defined (4) ones are matched
     // whole but kept in decoded text.
-    let added: Vec<AddedToken> = types
+    if types.len() > tokens.len() {
+        return Err(tok_err(format!(
+            "GGUF has {} token types for {} tokens",
+            types.len(),
+            tokens.len()
+        )));
+    }
+    let added: Vec<AddedToken> = tokens
         .iter()
-        .enumerate()
+        .zip(&types)
         .filter(|(_, t)| **t == 3 || **t == 4)
-        .map(|(i, t)| AddedToken::from(tokens[i].to_string(), *t == 3))
+        .map(|(token, t)| AddedToken::from(token.to_string(), *t == 3))
         .collect();
     tk.add_special_tokens(added).map_err(tok_err)?;
     Ok(tk)

@@ -21,6 +21,9 @@ mod chat;
 mod completions;
 mod error;
 mod messages;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
+mod health;
 mod metrics;
 mod page;
 mod reasoning;
@@ -32,6 +35,7 @@ mod tools;
 mod worker;
 
 pub use error::ApiError;
+pub use health::Health;
 pub use metrics::{rss_bytes, Metrics};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -82,6 +86,7 @@ pub(crate) struct AppState {
     pub worker: Worker,
     pub metrics: Arc<Metrics>,
     pub responses: store::ResponseStore,
+    pub health: Arc<Health>,
 }
 
 pub(crate) type Shared = Arc<AppState>;
@@ -91,7 +96,13 @@ pub(crate) type Shared = Arc<AppState>;
 pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
     let engine = Arc::new(engine);
     let metrics = Arc::new(Metrics::default());
-    let worker = Worker::start(engine.clone(), config.queue, metrics.clone());
+    let health = Arc::new(Health::default());
+    let worker = Worker::start(
+        engine.clone(),
+        config.queue,
+        metrics.clone(),
+        health.clone(),
+    );
     let limit = config.max_body_bytes;
     let responses = store::ResponseStore::new(config.stored_responses);
     let state = Arc::new(AppState {
@@ -100,6 +111,7 @@ pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
         worker,
         metrics: metrics.clone(),
         responses,
+        health,
     });
     let api = Router::new()
         .route("/v1/models", get(models))
@@ -120,7 +132,7 @@ pub fn router(engine: Engine, config: ServerConfig) -> (Router, Arc<Metrics>) {
             authorize,
         ));
     let app = Router::new()
-        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/health", get(health::health))
         .route("/metrics", get(metrics_text))
         .merge(page::routes())
         .merge(api)

@@ -24,6 +24,12 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     /// Requests finished (not cancelled).
     pub finished: AtomicU64,
+    /// Rounds that failed (a panic or a device error); their streams ended.
+    pub faults: AtomicU64,
+    /// Cache bytes the live streams reserved (0 when idle).
+    pub reserved_bytes: AtomicU64,
+    /// Bytes of retained prompt states.
+    pub retained_bytes: AtomicU64,
 }
 
 /// Resident memory of this process in bytes (Linux), 0 elsewhere.
@@ -211,6 +217,24 @@ impl Metrics {
                 "gauge",
                 "Requests generating.",
                 g(&self.running),
+            ),
+            (
+                "tensorfold_round_faults_total",
+                "counter",
+                "Rounds that failed; their streams ended with an error.",
+                g(&self.faults),
+            ),
+            (
+                "tensorfold_reserved_cache_bytes",
+                "gauge",
+                "Cache bytes reserved by the running requests.",
+                g(&self.reserved_bytes),
+            ),
+            (
+                "tensorfold_retained_prompt_bytes",
+                "gauge",
+                "Bytes of retained prompt states.",
+                g(&self.retained_bytes),
             ),
             (
                 "tensorfold_resident_memory_bytes",

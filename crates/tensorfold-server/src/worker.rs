@@ -4,13 +4,22 @@
 //! step with every other live stream. Each job streams its text back over a
 //! channel; when the client goes away the channel closes and the stream is
 //! cancelled at the next round, freeing its memory.
+//!
+//! A fault inside a round (a panic, a device error) ends only that round's
+//! streams, each with an error; the worker drops the batch, starts a new
+//! one and goes on serving the queue. After a device error it asks the
+//! device whether it still answers and reports the answer to `/health`.
 
+use crate::health::Health;
 use crate::metrics::Metrics;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::Arc;
-use tensorfold_engine::{Completion, Engine, EngineError, GenerateRequest, Prepared, StreamId};
+use tensorfold_engine::{
+    Batch, Completion, Engine, EngineError, GenerateRequest, Prepared, StreamId,
+};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// What a job sends back.
@@ -27,27 +36,52 @@ struct Job {
 #[derive(Clone)]
 pub struct Worker {
     queue: SyncSender<Job>,
+    /// Requests that may wait; more are refused.
+    capacity: usize,
+    alive: Arc<AtomicBool>,
 }
 
 impl Worker {
     /// `capacity` requests may wait; more get `None` from [`Worker::submit`].
-    pub fn start(engine: Arc<Engine>, capacity: usize, metrics: Arc<Metrics>) -> Worker {
+    pub fn start(
+        engine: Arc<Engine>,
+        capacity: usize,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+    ) -> Worker {
         let (queue, jobs) = sync_channel::<Job>(capacity);
+        let alive = Arc::new(AtomicBool::new(true));
+        let flag = alive.clone();
         std::thread::Builder::new()
             .name("tensorfold-worker".into())
-            .spawn(move || run(&engine, jobs, capacity, metrics))
+            .spawn(move || {
+                let _alive = AliveGuard(flag);
+                serve(&engine, &jobs, capacity, &metrics, &health)
+            })
             .expect("spawn worker thread");
-        Worker { queue }
+        Worker {
+            queue,
+            capacity,
+            alive,
+        }
     }
 
-    /// Queues a request; `None` when the queue is full.
+    /// Whether the worker thread is still running.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    /// Queues a request; `None` when `capacity` requests wait already.
     pub fn submit(
         &self,
         request: GenerateRequest,
         metrics: &Metrics,
     ) -> Option<UnboundedReceiver<Event>> {
+        if metrics.queued.fetch_add(1, Ordering::Relaxed) >= self.capacity as u64 {
+            metrics.queued.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
         let (events, rx) = unbounded_channel();
-        metrics.queued.fetch_add(1, Ordering::Relaxed);
         match self.queue.try_send(Job { request, events }) {
             Ok(()) => Some(rx),
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -58,31 +92,91 @@ impl Worker {
     }
 }
 
+/// Marks the worker stopped when its thread ends, however it ends.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
 /// A request that was checked and waits for room.
 struct Waiting {
     prepared: Prepared,
     events: UnboundedSender<Event>,
 }
 
-fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metrics>) {
-    let metrics_for_text = metrics.clone();
-    let metrics = &*metrics;
-    let mut batch = engine.batch();
-    let mut waiting: VecDeque<Waiting> = VecDeque::new();
-    let mut live: HashMap<StreamId, UnboundedSender<Event>> = HashMap::new();
-    // Text pieces each live stream has sent (the live token count's estimate).
-    let mut streamed: HashMap<StreamId, Arc<AtomicU64>> = HashMap::new();
+/// What outlives a batch: the queue and the live streams' channels.
+#[derive(Default)]
+struct Streams {
+    waiting: VecDeque<Waiting>,
+    live: HashMap<StreamId, UnboundedSender<Event>>,
+    /// Text pieces each live stream has sent (the live token count's
+    /// estimate, settled to the exact count when the stream ends).
+    streamed: HashMap<StreamId, Arc<AtomicU64>>,
+}
+
+/// Serves until every sender is gone. A panic ends the live streams with
+/// an error and serving resumes with a fresh batch.
+fn serve(
+    engine: &Engine,
+    jobs: &Receiver<Job>,
+    capacity: usize,
+    metrics: &Arc<Metrics>,
+    health: &Health,
+) {
+    let mut streams = Streams::default();
     loop {
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            run(engine, jobs, capacity, metrics, health, &mut streams)
+        }));
+        let Err(panic) = outcome else { return };
+        let message = panic_message(&*panic);
+        tracing::error!("a round failed: {message}; its streams were ended");
+        metrics.faults.fetch_add(1, Ordering::Relaxed);
+        metrics.reserved_bytes.store(0, Ordering::Relaxed);
+        streams.streamed.clear();
+        for (_, events) in streams.live.drain() {
+            let error = EngineError::Backend(format!("internal error in this round: {message}"));
+            let _ = events.send(Event::Done(Err(error)));
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+fn run(
+    engine: &Engine,
+    jobs: &Receiver<Job>,
+    capacity: usize,
+    metrics: &Arc<Metrics>,
+    health: &Health,
+    streams: &mut Streams,
+) {
+    let mut batch = engine.batch();
+    loop {
+        let Streams {
+            waiting,
+            live,
+            streamed,
+        } = &mut *streams;
         // Block only when there is nothing to run.
         if batch.is_empty() && waiting.is_empty() {
             match jobs.recv() {
-                Ok(job) => prepare(engine, job, &mut waiting, metrics),
+                Ok(job) => prepare(engine, job, waiting, metrics),
                 Err(_) => return,
             }
         }
         while waiting.len() < capacity {
             match jobs.try_recv() {
-                Ok(job) => prepare(engine, job, &mut waiting, metrics),
+                Ok(job) => prepare(engine, job, waiting, metrics),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) if batch.is_empty() && waiting.is_empty() => return,
                 Err(TryRecvError::Disconnected) => break,
@@ -96,50 +190,79 @@ fn run(engine: &Engine, jobs: Receiver<Job>, capacity: usize, metrics: Arc<Metri
             }
             !gone
         });
-        // Arrival order: a request that does not fit holds the ones behind it,
-        // so a long prompt is never starved by short ones.
-        while waiting.front().is_some_and(|w| batch.fits(&w.prepared)) {
-            let w = waiting.pop_front().expect("checked above");
-            metrics.queued.fetch_sub(1, Ordering::Relaxed);
-            let events = w.events.clone();
-            let counters = metrics_for_text.clone();
-            let pieces = Arc::new(AtomicU64::new(0));
-            let seen = pieces.clone();
-            let on_text = move |delta: &str| {
-                seen.fetch_add(1, Ordering::Relaxed);
-                counters
-                    .completion_tokens_live
-                    .fetch_add(1, Ordering::Relaxed);
-                events.send(Event::Delta(delta.to_string())).is_ok()
-            };
-            match batch.admit(w.prepared, on_text) {
-                Ok(id) => {
-                    live.insert(id, w.events);
-                    streamed.insert(id, pieces);
-                }
-                Err(e) => {
-                    let _ = w.events.send(Event::Done(Err(e)));
-                }
-            }
-        }
-        for (&id, events) in &live {
+        admit(&mut batch, waiting, live, streamed, metrics);
+        for (&id, events) in live.iter() {
             if events.is_closed() {
                 batch.cancel(id);
             }
         }
         metrics.running.store(batch.len() as u64, Ordering::Relaxed);
+        let mut device_failed = false;
         for (id, completion) in batch.step() {
             let pieces = streamed.remove(&id);
-            if let Ok(c) = &completion {
-                metrics.record(c);
-                metrics.settle_live(pieces.as_deref(), c.completion_tokens);
+            match &completion {
+                Ok(c) => {
+                    metrics.record(c);
+                    metrics.settle_live(pieces.as_deref(), c.completion_tokens);
+                }
+                Err(EngineError::Backend(_)) => device_failed = true,
+                Err(_) => {}
             }
             if let Some(events) = live.remove(&id) {
                 let _ = events.send(Event::Done(completion));
             }
         }
-        // Current while the worker waits idle for the next job too.
+        if device_failed {
+            metrics.faults.fetch_add(1, Ordering::Relaxed);
+            match engine.check_device() {
+                Ok(()) => health.clear(),
+                Err(e) => health.set_problem(format!("the device does not answer: {e}")),
+            }
+        }
         metrics.running.store(batch.len() as u64, Ordering::Relaxed);
+        metrics
+            .reserved_bytes
+            .store(batch.reserved_bytes() as u64, Ordering::Relaxed);
+        metrics
+            .retained_bytes
+            .store(engine.prompt_cache_bytes() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Starts waiting requests in arrival order: one that does not fit holds
+/// the ones behind it, so a long prompt is never starved by short ones.
+fn admit<'e>(
+    batch: &mut Batch<'e>,
+    waiting: &mut VecDeque<Waiting>,
+    live: &mut HashMap<StreamId, UnboundedSender<Event>>,
+    streamed: &mut HashMap<StreamId, Arc<AtomicU64>>,
+    metrics: &Arc<Metrics>,
+) {
+    while waiting.front().is_some_and(|w| batch.fits(&w.prepared)) {
+        let w = waiting.pop_front().expect("checked above");
+        metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        let events = w.events.clone();
+        let counters = metrics.clone();
+        let pieces = Arc::new(AtomicU64::new(0));
+        let seen = pieces.clone();
+        let on_text = move |delta: &str| {
+            #[cfg(feature = "fault-injection")]
+            crate::fault::maybe_panic();
+            seen.fetch_add(1, Ordering::Relaxed);
+            counters
+                .completion_tokens_live
+                .fetch_add(1, Ordering::Relaxed);
+            events.send(Event::Delta(delta.to_string())).is_ok()
+        };
+        match batch.admit(w.prepared, on_text) {
+            Ok(id) => {
+                live.insert(id, w.events);
+                streamed.insert(id, pieces);
+            }
+            Err(e) => {
+                let _ = w.events.send(Event::Done(Err(e)));
+            }
+        }
     }
 }
 

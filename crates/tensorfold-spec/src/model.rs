@@ -22,6 +22,9 @@ pub enum DraftPairError {
 
 pub struct DraftModel {
     model: Arc<Model>,
+    /// Ids both models embed: the draft reads no context token past its
+    /// own embedding and proposes none past the target's.
+    vocab: u32,
     cache: KvCache,
     /// Tokens whose keys and values `cache` holds.
     cached: Vec<u32>,
@@ -56,9 +59,12 @@ pub fn check_pair(
 }
 
 impl DraftModel {
-    pub fn new(model: Arc<Model>) -> DraftModel {
+    /// A drafter for a target whose embedding has `target_vocab` rows.
+    pub fn new(model: Arc<Model>, target_vocab: usize) -> DraftModel {
         let cache = KvCache::new(model.config.kv_shape());
+        let vocab = model.config.vocab_size.min(target_vocab);
         DraftModel {
+            vocab: u32::try_from(vocab).unwrap_or(u32::MAX),
             model,
             cache,
             cached: Vec::new(),
@@ -73,7 +79,7 @@ fn argmax(l: &[f32]) -> u32 {
 impl Drafter for DraftModel {
     fn propose(&mut self, context: &[u32], max: usize) -> Vec<u32> {
         let window = self.model.config.max_positions;
-        if max == 0 || context.len() + max >= window {
+        if max == 0 || context.len() + max >= window || context.iter().any(|&t| t >= self.vocab) {
             return Vec::new();
         }
         let common = self
@@ -93,6 +99,9 @@ impl Drafter for DraftModel {
         let mut drafts = Vec::with_capacity(max);
         loop {
             let t = argmax(&logits);
+            if t >= self.vocab {
+                break;
+            }
             drafts.push(t);
             if drafts.len() == max {
                 break;
@@ -105,5 +114,45 @@ impl Drafter for DraftModel {
 
     fn name(&self) -> &str {
         "model"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensorfold_models::synth::{write_gguf, SynthSpec};
+    use tensorfold_models::{Arch, Format};
+
+    fn tiny_model() -> Arc<Model> {
+        let path =
+            std::env::temp_dir().join(format!("tensorfold-draft-{}.gguf", std::process::id()));
+        write_gguf(&path, &SynthSpec::tiny(Arch::Llama, Format::F32, 11)).unwrap();
+        let model = tensorfold_models::load(&path).unwrap().model;
+        let _ = std::fs::remove_file(&path);
+        Arc::new(model)
+    }
+
+    /// A draft whose embedding is larger than the target's proposes only
+    /// ids the target embeds, and one whose embedding is smaller reads no
+    /// context token it lacks.
+    #[test]
+    fn proposals_and_context_stay_inside_both_vocabularies() {
+        let model = tiny_model();
+        let vocab = model.config.vocab_size;
+        let mut unbounded = DraftModel::new(model.clone(), usize::MAX);
+        let context: Vec<u32> = (0..12).map(|i| (i * 7 % vocab) as u32).collect();
+        let free = unbounded.propose(&context, 6);
+        assert_eq!(free.len(), 6);
+        // The target embeds only the smallest proposed id: drafting stops
+        // before any id at or past it.
+        let smallest = *free.iter().min().unwrap();
+        let mut bounded = DraftModel::new(model.clone(), smallest as usize);
+        let kept = bounded.propose(&context, 6);
+        assert!(kept.iter().all(|&t| t < smallest), "{kept:?}");
+        assert_eq!(kept, free[..kept.len()]);
+
+        let mut draft = DraftModel::new(model, usize::MAX);
+        let outside = [1, 2, vocab as u32 + 5];
+        assert!(draft.propose(&outside, 4).is_empty());
     }
 }

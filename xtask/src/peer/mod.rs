@@ -8,10 +8,10 @@
 
 mod cells;
 mod llama_cpp;
-mod load;
+pub(crate) mod load;
 mod plot;
 mod report;
-mod server;
+pub(crate) mod server;
 
 use anyhow::{bail, Context, Result};
 use cells::CellSpec;
