@@ -56,7 +56,11 @@ fn huge_pages(start: *mut u8, len: usize) {
         // SAFETY: advice only, on whole pages inside this allocation; a
         // refusal (no transparent huge pages) leaves it as it was.
         unsafe {
-            libc::madvise(aligned as *mut libc::c_void, end - aligned, libc::MADV_HUGEPAGE);
+            libc::madvise(
+                aligned as *mut libc::c_void,
+                end - aligned,
+                libc::MADV_HUGEPAGE,
+            );
         }
     }
     #[cfg(not(target_os = "linux"))]

@@ -20,10 +20,10 @@ mod body;
 mod chat;
 mod completions;
 mod error;
-mod messages;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 mod health;
+mod messages;
 mod metrics;
 mod page;
 mod reasoning;

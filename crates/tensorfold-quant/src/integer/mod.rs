@@ -120,7 +120,8 @@ unsafe fn tile(
     let row_bytes = format.matrix_bytes(1, cols);
     UNPACKED.with_borrow_mut(|weights| {
         let tile = &bytes[j0 * row_bytes..][..width * row_bytes];
-        prefetch(&bytes[(j0 + width) * row_bytes..]);
+        let next = &bytes[(j0 + width) * row_bytes..];
+        prefetch(&next[..next.len().min(tile.len())]);
         weights.fill(format, tile, width, cols);
         let values = match layout.in_place {
             Some(start) => Values {
@@ -166,10 +167,10 @@ unsafe fn tile(
     })
 }
 
-/// Asks for the start of the next tile while this one is unpacked.
+/// Asks for the next tile (into L2) while this one is unpacked.
 fn prefetch(next: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for line in next.chunks(64).take(PREFETCH_LINES) {
+    for line in next.chunks(64) {
         // SAFETY: a prefetch of an address inside `next`; it reads nothing.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
@@ -178,9 +179,6 @@ fn prefetch(next: &[u8]) {
         };
     }
 }
-
-/// Cache lines of the next tile requested ahead.
-const PREFETCH_LINES: usize = 1024;
 
 /// The output buffer, shared by tiles that write disjoint columns.
 #[derive(Clone, Copy)]
