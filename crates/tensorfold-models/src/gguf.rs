@@ -97,7 +97,9 @@ impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile> {
         let file = File::open(path).map_err(|e| ModelError::io(path, e))?;
         let mut file = BufReader::new(file);
-        let in_file = |e: ModelError| ModelError::Malformed(format!("{}: {e}", path.display()));
+        let in_file = |e: ModelError| {
+            ModelError::Malformed(format!("{}: not a readable GGUF file: {e}", path.display()))
+        };
         let layout = gguf_scan::scan(&mut file).map_err(in_file)?;
         let content = Content::read(&mut file).map_err(|e| {
             // candle appends a backtrace when RUST_BACKTRACE is set: keep the message.

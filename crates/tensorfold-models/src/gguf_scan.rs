@@ -24,7 +24,7 @@ struct Scanner<'r, R> {
 }
 
 fn malformed(what: impl std::fmt::Display) -> ModelError {
-    ModelError::Malformed(format!("GGUF header: {what}"))
+    ModelError::Malformed(format!("header: {what}"))
 }
 
 impl<R: Read + Seek> Scanner<'_, R> {

@@ -104,6 +104,7 @@ impl Values<'_> {
     }
 
     /// Checks that rows `j0..j0 + rows`, `blocks` long, are in bounds.
+    #[cfg(target_arch = "x86_64")]
     fn check(&self, j0: usize, rows: usize, blocks: usize) {
         assert!(
             rows > 0 && blocks > 0 && self.at(j0 + rows - 1, blocks - 1) + BLOCK <= self.data.len()
