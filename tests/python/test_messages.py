@@ -6,7 +6,7 @@ import anthropic
 import pytest
 
 MODEL = "test-model"
-PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+PARIS = [{"role": "user", "content": "Name the capital of France."}]
 
 
 def sampled(temperature, seed=None):
