@@ -11,7 +11,8 @@ use libfuzzer_sys::fuzz_target;
 use serde_json::{json, Value};
 use tensorfold_engine::ChatTemplate;
 
-const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
+const CHATML: &str =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}\
 {{ '<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n' }}{% endif %}\
 {{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";

@@ -50,14 +50,20 @@ fuzz_target!(|data: &[u8]| {
         .header("content-type", "application/json")
         .body(Body::from(body.to_vec()))
         .expect("request");
-    let status = runtime.block_on(async {
+    let (status, answer) = runtime.block_on(async {
         let response = app.clone().oneshot(request).await.expect("infallible");
         let status = response.status();
-        let _ = to_bytes(response.into_body(), 1 << 24).await;
-        status
+        let answer = to_bytes(response.into_body(), 1 << 24)
+            .await
+            .unwrap_or_default();
+        (status, answer)
     });
+    // The one documented 5xx for a good request: stored responses are
+    // bounded, and a full store refuses with 503 (the fuzzer fills it).
+    let store_full =
+        status == 503 && String::from_utf8_lossy(&answer).contains("response_store_full");
     assert!(
-        !status.is_server_error(),
+        !status.is_server_error() || store_full,
         "{route} answered {status} to {:?}",
         String::from_utf8_lossy(body)
     );
