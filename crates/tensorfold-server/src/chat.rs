@@ -337,12 +337,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
             let Some(split) = &mut split else {
                 return delta.to_string();
             };
-            let mut parts = split.push(delta);
-            if finished {
-                let rest = split.finish();
-                parts.reasoning.push_str(&rest.reasoning);
-                parts.content.push_str(&rest.content);
-            }
+            let parts = split.take(delta, finished);
             if !parts.reasoning.is_empty() {
                 out.push(chunk(
                     json!({"reasoning_content": parts.reasoning}),

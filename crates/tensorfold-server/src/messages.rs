@@ -436,12 +436,7 @@ impl EventStream {
         let Some(split) = &mut self.split else {
             return delta.to_string();
         };
-        let mut parts = split.push(delta);
-        if finished {
-            let rest = split.finish();
-            parts.reasoning.push_str(&rest.reasoning);
-            parts.content.push_str(&rest.content);
-        }
+        let parts = split.take(delta, finished);
         self.thinking(&parts.reasoning, out);
         parts.content
     }

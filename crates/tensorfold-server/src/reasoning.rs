@@ -122,6 +122,18 @@ impl ThinkSplit {
     }
 
     /// The end of the reply: whatever was held back.
+    /// [`ThinkSplit::push`], and on the reply's last delta also what
+    /// [`ThinkSplit::finish`] releases.
+    pub fn take(&mut self, delta: &str, finished: bool) -> Parts {
+        let mut parts = self.push(delta);
+        if finished {
+            let rest = self.finish();
+            parts.reasoning.push_str(&rest.reasoning);
+            parts.content.push_str(&rest.content);
+        }
+        parts
+    }
+
     pub fn finish(&mut self) -> Parts {
         let rest = std::mem::take(&mut self.held);
         let mut out = Parts::default();
