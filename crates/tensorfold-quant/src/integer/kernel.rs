@@ -2,7 +2,7 @@
 //! the one order every path computes (see [`reference`]).
 
 use super::activations::QuantizedRows;
-use super::unpack::{Layout, UnpackedRows};
+use super::unpack::{Layout, Packing, UnpackedRows};
 use super::{BLOCK, HALF};
 
 /// Lanes of the running float sums, as in [`crate::dot`].
@@ -38,6 +38,16 @@ impl Isa {
             }
         }
         all
+    }
+
+    /// Whether the kernels decode packed values in registers (see
+    /// [`Packing`]); the others read the unpacked copy.
+    pub fn reads_packed(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => true,
+            _ => false,
+        }
     }
 
     /// Input rows one kernel call takes at most (its registers' worth).
@@ -88,14 +98,16 @@ pub(crate) struct Operands<'a> {
     pub layout: Layout,
 }
 
-/// 8-bit weight values, 32 per block: block `b` of row `j` starts at
-/// `start + j * row_stride + b * block_stride`.
+/// Weight values as `packing` lays them out: block `b` of row `j` starts at
+/// `start + j * row_stride + b * block_stride` (for [`Packing::KNibbles`],
+/// `block_stride` is a 256-block's).
 #[derive(Clone, Copy)]
 pub(crate) struct Values<'a> {
     pub data: &'a [i8],
     pub start: usize,
     pub row_stride: usize,
     pub block_stride: usize,
+    pub packing: Packing,
 }
 
 impl Values<'_> {
@@ -103,12 +115,26 @@ impl Values<'_> {
         self.start + j * self.row_stride + b * self.block_stride
     }
 
+    /// The 32 values of block `b` of row `j`: only for [`Packing::Bytes`].
+    fn block(&self, j: usize, b: usize) -> &[i8] {
+        assert_eq!(self.packing, Packing::Bytes, "a packed block has no bytes");
+        &self.data[self.at(j, b)..][..BLOCK]
+    }
+
     /// Checks that rows `j0..j0 + rows`, `blocks` long, are in bounds.
     #[cfg(target_arch = "x86_64")]
     fn check(&self, j0: usize, rows: usize, blocks: usize) {
-        assert!(
-            rows > 0 && blocks > 0 && self.at(j0 + rows - 1, blocks - 1) + BLOCK <= self.data.len()
-        );
+        assert!(rows > 0 && blocks > 0);
+        let last = j0 + rows - 1;
+        let end = match self.packing {
+            Packing::Bytes => self.at(last, blocks - 1) + BLOCK,
+            Packing::Nibbles { .. } => self.at(last, blocks),
+            Packing::KNibbles => {
+                assert!(blocks.is_multiple_of(8));
+                self.at(last, blocks / 8)
+            }
+        };
+        assert!(end <= self.data.len());
     }
 }
 
@@ -159,7 +185,7 @@ pub(crate) fn reference(ops: &Operands, r: usize, j: usize) -> f32 {
     let mut acc = [[0f32; LANES]; 2];
     for b in 0..blocks {
         let x_scale = ops.inputs.scales[(ops.r0 + r) * blocks + b];
-        let w = &ops.values.data[ops.values.at(ops.j0 + j, b)..][..BLOCK];
+        let w = ops.values.block(ops.j0 + j, b);
         for (l, lane) in acc[b % 2].iter_mut().enumerate() {
             let e = b * BLOCK + 4 * l;
             let sum: i32 = (0..4).map(|i| x[e + i] as i32 * w[4 * l + i] as i32).sum();
@@ -193,7 +219,18 @@ pub(crate) fn dots<const R: usize, const W: usize>(
         Isa::Avx2 => unsafe { avx2::main::<R, W>(ops) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512Vnni` only where AVX-512 F/BW/VNNI run.
-        Isa::Avx512Vnni => unsafe { avx512::main::<R, W>(ops) },
+        Isa::Avx512Vnni => unsafe {
+            match ops.values.packing {
+                Packing::Bytes => avx512::main::<R, W, { avx512::BYTES }>(ops),
+                Packing::Nibbles { fifth: None, .. } => {
+                    avx512::main::<R, W, { avx512::NIBBLES }>(ops)
+                }
+                Packing::Nibbles { fifth: Some(_), .. } => {
+                    avx512::main::<R, W, { avx512::FIFTH_BITS }>(ops)
+                }
+                Packing::KNibbles => avx512::main::<R, W, { avx512::K_NIBBLES }>(ops),
+            }
+        },
     };
     if isa != Isa::Portable {
         if let Some(mins) = ops.mins::<R, W>() {
@@ -215,6 +252,7 @@ struct Rows<'a> {
     block_stride: usize,
     half_scales: &'a [f32],
     blocks: usize,
+    packing: Packing,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -233,13 +271,14 @@ impl<'a> Rows<'a> {
             half_scales: &ops.weights.half_scales[ops.j0 * 2 * blocks..]
                 [..weight_rows * 2 * blocks],
             blocks,
+            packing: ops.values.packing,
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{combine, Operands, Rows, BLOCK, LANES};
+    use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
     use std::arch::x86_64::*;
 
     /// The integer and float parts of [`super::reference`] for `R x W`
@@ -262,7 +301,9 @@ mod avx2 {
             block_stride,
             half_scales,
             blocks,
+            packing,
         } = rows;
+        assert_eq!(packing, Packing::Bytes, "AVX2 reads unpacked values");
         let ones = _mm256_set1_epi16(1);
         let mut acc = [[[_mm256_setzero_ps(); 2]; W]; R];
         // Block `b` into the running sums of `parity` (a macro: the parity
@@ -326,20 +367,33 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{combine, Operands, Rows, BLOCK, LANES};
+    use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
     use std::arch::x86_64::*;
+
+    /// How `main` reads weight values (a constant, so each way compiles to
+    /// its own loop): see [`Packing`].
+    pub const BYTES: u8 = 0;
+    pub const NIBBLES: u8 = 1;
+    pub const FIFTH_BITS: u8 = 2;
+    pub const K_NIBBLES: u8 = 3;
 
     /// [`super::avx2::main`] two blocks at a time: the low eight lanes of a
     /// register hold the even block's sums and the high eight the odd
     /// block's, so the even and odd running sums are those of AVX2. VNNI's
     /// `dpbusd` sums four unsigned-by-signed 8-bit products per lane
-    /// exactly, so the weights enter offset by 128 (unsigned) and each
-    /// lane starts from `-128 *` its four inputs' sum.
+    /// exactly, so the weights enter as unsigned values (the signed ones
+    /// plus the packing's offset) and each lane starts from `-offset *` its
+    /// four inputs' sum. Packed values are decoded in registers, straight
+    /// from the GGUF bytes; the lanes' integer sums, and so the bits, are
+    /// those of the unpacked values.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VNNI must be available.
+    /// AVX-512 F/BW/VNNI must be available, and `MODE` must match the
+    /// values' packing.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
-    pub(super) unsafe fn main<const R: usize, const W: usize>(ops: &Operands) -> [[f32; W]; R] {
+    pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
+        ops: &Operands,
+    ) -> [[f32; W]; R] {
         let rows = Rows::new(ops, R, W);
         let Rows {
             x,
@@ -350,9 +404,25 @@ mod avx512 {
             block_stride,
             half_scales,
             blocks,
+            packing,
         } = rows;
+        let (qs, fifth) = match packing {
+            Packing::Nibbles { qs, fifth, .. } => (qs, fifth.unwrap_or(0)),
+            _ => (0, 0),
+        };
+        let mode = match packing {
+            Packing::Bytes => BYTES,
+            Packing::Nibbles { fifth: None, .. } => NIBBLES,
+            Packing::Nibbles { fifth: Some(_), .. } => FIFTH_BITS,
+            Packing::KNibbles => K_NIBBLES,
+        };
+        assert_eq!(mode, MODE, "the kernel's mode is the values' packing");
         let zero = _mm512_setzero_si512();
-        let offset = _mm512_set1_epi8(-128);
+        let offset = _mm512_set1_epi8(packing.offset() as i8);
+        let low_nibbles = _mm512_set1_epi8(0x0F);
+        let fifth_bit = _mm512_set1_epi8(0x10);
+        // 128-bit lanes `[a, a, b, b]` from `[a, b, .., ..]`.
+        let doubled = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
         // Lane `l` takes element `l / 8` (input scales) or `l / 4` (weight
         // half scales) of the first 128 bits.
         let by_eight = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -366,6 +436,79 @@ mod avx512 {
                 // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
                 let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
                 _mm512_permutexvar_ps($index, four)
+            }};
+        }
+        // The unsigned values of blocks `b` and, where `pair`, `b + 1` of
+        // weight row `j`: 32 bytes each (zeros for a missing odd block).
+        macro_rules! unsigned_values {
+            ($j:expr, $b:expr, $pair:expr) => {{
+                let (j, b): (usize, usize) = ($j, $b);
+                // SAFETY (every read below): blocks `b..b + 1 + pair` of
+                // weight row `j < W`, checked in `Rows::new` for this
+                // packing.
+                match MODE {
+                    BYTES => {
+                        let at = w.wrapping_add(j * row_stride + b * block_stride);
+                        let wv = unsafe {
+                            let even = _mm256_loadu_si256(at as *const __m256i);
+                            if $pair {
+                                let odd =
+                                    _mm256_loadu_si256(at.add(block_stride) as *const __m256i);
+                                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(even), odd)
+                            } else {
+                                _mm512_zextsi256_si512(even)
+                            }
+                        };
+                        _mm512_xor_si512(wv, offset)
+                    }
+                    NIBBLES | FIFTH_BITS => {
+                        let at = w.wrapping_add(j * row_stride + b * block_stride);
+                        let (even, odd) = unsafe {
+                            let even = _mm_loadu_si128(at.add(qs) as *const __m128i);
+                            let odd = if $pair {
+                                _mm_loadu_si128(at.add(block_stride + qs) as *const __m128i)
+                            } else {
+                                _mm_setzero_si128()
+                            };
+                            (even, odd)
+                        };
+                        // Low nibbles are a block's first 16 values, high
+                        // nibbles its last 16.
+                        let both = _mm512_castsi256_si512(_mm256_set_m128i(odd, even));
+                        let twice = _mm512_permutexvar_epi64(doubled, both);
+                        let high = _mm512_srli_epi16::<4>(twice);
+                        let nibbles = _mm512_mask_blend_epi64(0b1100_1100, twice, high);
+                        let values = _mm512_and_si512(nibbles, low_nibbles);
+                        if MODE == FIFTH_BITS {
+                            // Bit `e` of a block's `u32` is value `e`'s
+                            // fifth bit: byte `e` (or `32 + e`) here.
+                            let bits = unsafe {
+                                let even = (at.add(fifth) as *const u32).read_unaligned();
+                                let odd = if $pair {
+                                    (at.add(block_stride + fifth) as *const u32).read_unaligned()
+                                } else {
+                                    0
+                                };
+                                even as u64 | (odd as u64) << 32
+                            };
+                            _mm512_or_si512(values, _mm512_maskz_mov_epi8(bits, fifth_bit))
+                        } else {
+                            values
+                        }
+                    }
+                    _ => {
+                        // K_NIBBLES: `b` is even, so `b` and `b + 1` are the
+                        // low and high nibbles of one 32-byte run.
+                        let run = 16 + 32 * ((b % 8) / 2);
+                        let at = w.wrapping_add(j * row_stride + (b / 8) * block_stride + run);
+                        let bytes = unsafe { _mm256_loadu_si256(at as *const __m256i) };
+                        let both = _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(bytes),
+                            _mm256_srli_epi16::<4>(bytes),
+                        );
+                        _mm512_and_si512(both, low_nibbles)
+                    }
+                }
             }};
         }
         let mut acc = [[_mm512_setzero_ps(); W]; R];
@@ -390,19 +533,7 @@ mod avx512 {
                     x_factors[r] = spread!(&x_scales[r * blocks..], b, n, by_eight);
                 }
                 for j in 0..W {
-                    let at = w.wrapping_add(j * row_stride + b * block_stride);
-                    // SAFETY: blocks `b..b + n` of weight row `j`, checked
-                    // in `Rows::new`.
-                    let wv = unsafe {
-                        let even = _mm256_loadu_si256(at as *const __m256i);
-                        if $pair {
-                            let odd = _mm256_loadu_si256(at.add(block_stride) as *const __m256i);
-                            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(even), odd)
-                        } else {
-                            _mm512_zextsi256_si512(even)
-                        }
-                    };
-                    let unsigned = _mm512_xor_si512(wv, offset);
+                    let unsigned = unsigned_values!(j, b, $pair);
                     let w_factors = spread!(&half_scales[j * 2 * blocks..], 2 * b, 2 * n, by_four);
                     for r in 0..R {
                         let lanes = _mm512_dpbusd_epi32(starts[r], unsigned, xv[r]);

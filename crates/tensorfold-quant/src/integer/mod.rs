@@ -18,7 +18,7 @@ use crate::Format;
 use activations::QuantizedRows;
 use kernel::{Isa, Operands, Values};
 use rayon::prelude::*;
-use unpack::UnpackedRows;
+use unpack::{Packing, UnpackedRows};
 
 pub(crate) use unpack::layout;
 
@@ -122,21 +122,33 @@ unsafe fn tile(
         let tile = &bytes[j0 * row_bytes..][..width * row_bytes];
         let next = &bytes[(j0 + width) * row_bytes..];
         prefetch(&next[..next.len().min(tile.len())]);
-        weights.fill(format, tile, width, cols);
-        let values = match layout.in_place {
-            Some(start) => Values {
-                // SAFETY: `u8` and `i8` have one size and alignment, and the
-                // slice is only read.
-                data: unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const i8, tile.len()) },
+        let packed = layout.packed.filter(|_| isa.reads_packed());
+        weights.fill(format, tile, width, cols, packed.is_none());
+        // SAFETY: `u8` and `i8` have one size and alignment, and the slice
+        // is only read.
+        let tile_bytes =
+            unsafe { std::slice::from_raw_parts(tile.as_ptr() as *const i8, tile.len()) };
+        let values = match (packed, layout.in_place) {
+            (Some(packing), _) => Values {
+                data: tile_bytes,
+                start: 0,
+                row_stride: row_bytes,
+                block_stride: format.block_bytes(),
+                packing,
+            },
+            (None, Some(start)) => Values {
+                data: tile_bytes,
                 start,
                 row_stride: row_bytes,
                 block_stride: format.block_bytes(),
+                packing: Packing::Bytes,
             },
-            None => Values {
+            (None, None) => Values {
                 data: &weights.values,
                 start: 0,
                 row_stride: cols,
                 block_stride: BLOCK,
+                packing: Packing::Bytes,
             },
         };
         let mut i = 0;

@@ -31,6 +31,39 @@ pub(crate) struct Layout {
     /// The values are already 8-bit integers in the GGUF bytes (Q8_0): the
     /// kernels read them in place, at this offset in each block.
     pub in_place: Option<usize>,
+    /// How a kernel that decodes values in registers reads them from the
+    /// GGUF bytes; `None` where only the unpacked copy serves.
+    pub packed: Option<Packing>,
+}
+
+/// Where a block's values lie in the GGUF bytes, for the kernels that
+/// read them there (the values are the unpacked ones plus `offset`, all in
+/// `0..=255`; the integer sums are exact either way, so the bits agree).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Packing {
+    /// 8-bit values, 32 a block: the unpacked copy, or Q8_0 in place.
+    Bytes,
+    /// 4-bit values of a 32-block, 16 bytes from `qs`, low nibbles first;
+    /// a fifth bit per value in the `u32` at `fifth` where there is one.
+    Nibbles {
+        qs: usize,
+        fifth: Option<usize>,
+        offset: u8,
+    },
+    /// Q4_K: the sub-blocks `2i` and `2i + 1` of a 256-block are the low
+    /// and high nibbles of the 32 bytes at `16 + 32 i`.
+    KNibbles,
+}
+
+impl Packing {
+    /// What the kernel adds to a signed value to read it as unsigned.
+    pub fn offset(self) -> u8 {
+        match self {
+            Packing::Bytes => 128,
+            Packing::Nibbles { offset, .. } => offset,
+            Packing::KNibbles => 0,
+        }
+    }
 }
 
 /// The integer kernels' layout for `format`, `None` for formats they do
@@ -41,18 +74,30 @@ pub(crate) fn layout(format: Format) -> Option<Layout> {
         Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => true,
         _ => return None,
     };
+    let nibbles = |qs, fifth, offset| Packing::Nibbles { qs, fifth, offset };
+    let packed = match format {
+        Format::Q4_0 => Some(nibbles(2, None, 8)),
+        Format::Q4_1 => Some(nibbles(4, None, 0)),
+        Format::Q5_0 => Some(nibbles(6, Some(2), 16)),
+        Format::Q5_1 => Some(nibbles(8, Some(4), 0)),
+        Format::Q4K => Some(Packing::KNibbles),
+        _ => None,
+    };
     Some(Layout {
         block_mins,
         in_place: (format == Format::Q8_0).then_some(2),
+        packed,
     })
 }
 
 impl UnpackedRows {
-    /// Unpacks `rows` consecutive rows of `cols` from their GGUF bytes.
-    pub fn fill(&mut self, format: Format, bytes: &[u8], rows: usize, cols: usize) {
+    /// Unpacks `rows` consecutive rows of `cols` from their GGUF bytes;
+    /// without `values`, only the scales and minimums (for a kernel that
+    /// reads the values where they are).
+    pub fn fill(&mut self, format: Format, bytes: &[u8], rows: usize, cols: usize, values: bool) {
         let layout = layout(format).expect("format has an integer kernel");
         let blocks = rows * cols / BLOCK;
-        let values = if layout.in_place.is_some() {
+        let values = if layout.in_place.is_some() || !values {
             0
         } else {
             rows * cols
@@ -62,6 +107,19 @@ impl UnpackedRows {
         self.block_mins
             .resize(if layout.block_mins { blocks } else { 0 }, 0.0);
         let source = &bytes[..format.matrix_bytes(rows, cols)];
+        if values == 0 {
+            // Only scales (and minimums) of one-scale 32-blocks: a plain
+            // loop, as short as the kernel's work on the block.
+            let (half_scales, block_mins) = (&mut self.half_scales, &mut self.block_mins);
+            match format {
+                Format::Q4_0 => return block_scales::<18>(source, half_scales),
+                Format::Q4_1 => return block_scales_mins::<20>(source, half_scales, block_mins),
+                Format::Q5_0 => return block_scales::<22>(source, half_scales),
+                Format::Q5_1 => return block_scales_mins::<24>(source, half_scales, block_mins),
+                Format::Q8_0 => return block_scales::<34>(source, half_scales),
+                _ => {}
+            }
+        }
         match format {
             Format::Q4_0 => each_block::<18, 1>(source, self, q4_0),
             Format::Q4_1 => each_block::<20, 1>(source, self, q4_1),
@@ -97,6 +155,33 @@ fn each_block<const BYTES: usize, const SUBS: usize>(
             block_mins: block_mins.next().unwrap_or_default(),
         };
         unpack(block.try_into().expect("chunks are BYTES long"), out);
+    }
+}
+
+/// The scale of each 32-block (`BYTES` long, its `f16` scale first), for
+/// both its halves.
+fn block_scales<const BYTES: usize>(source: &[u8], half_scales: &mut [f32]) {
+    for (block, halves) in source
+        .chunks_exact(BYTES)
+        .zip(half_scales.chunks_exact_mut(2))
+    {
+        halves.fill(f16_at(block, 0));
+    }
+}
+
+/// [`block_scales`] and the minimum (the `f16` after the scale).
+fn block_scales_mins<const BYTES: usize>(
+    source: &[u8],
+    half_scales: &mut [f32],
+    block_mins: &mut [f32],
+) {
+    for ((block, halves), min) in source
+        .chunks_exact(BYTES)
+        .zip(half_scales.chunks_exact_mut(2))
+        .zip(block_mins.iter_mut())
+    {
+        halves.fill(f16_at(block, 0));
+        *min = f16_at(block, 2);
     }
 }
 
@@ -147,17 +232,24 @@ fn store(values: [u8; 32], offset: u8, out: &mut [i8]) {
 
 fn q4_0(b: &[u8; 18], out: Out) {
     out.half_scales.fill(f16_at(b, 0));
-    store(nibbles(&b[2..18]), 8, out.values);
+    if !out.values.is_empty() {
+        store(nibbles(&b[2..18]), 8, out.values);
+    }
 }
 
 fn q4_1(b: &[u8; 20], out: Out) {
     out.half_scales.fill(f16_at(b, 0));
     out.block_mins[0] = f16_at(b, 2);
-    store(nibbles(&b[4..20]), 0, out.values);
+    if !out.values.is_empty() {
+        store(nibbles(&b[4..20]), 0, out.values);
+    }
 }
 
 fn q5_0(b: &[u8; 22], out: Out) {
     out.half_scales.fill(f16_at(b, 0));
+    if out.values.is_empty() {
+        return;
+    }
     let mut values = nibbles(&b[6..22]);
     fifth_bits(u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &mut values);
     store(values, 16, out.values);
@@ -166,6 +258,9 @@ fn q5_0(b: &[u8; 22], out: Out) {
 fn q5_1(b: &[u8; 24], out: Out) {
     out.half_scales.fill(f16_at(b, 0));
     out.block_mins[0] = f16_at(b, 2);
+    if out.values.is_empty() {
+        return;
+    }
     let mut values = nibbles(&b[8..24]);
     fifth_bits(u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &mut values);
     store(values, 0, out.values);
@@ -267,7 +362,7 @@ mod tests {
                 _ => unreachable!(),
             };
             let mut unpacked = UnpackedRows::default();
-            unpacked.fill(format, bytes, rows, cols);
+            unpacked.fill(format, bytes, rows, cols, true);
             let layout = layout(format).unwrap();
             let mut want = vec![0f32; cols];
             for r in 0..rows {
