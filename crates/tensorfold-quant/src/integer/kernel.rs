@@ -129,7 +129,7 @@ impl Values<'_> {
         let end = match self.packing {
             Packing::Bytes => self.at(last, blocks - 1) + BLOCK,
             Packing::Nibbles { .. } => self.at(last, blocks),
-            Packing::KNibbles => {
+            Packing::KNibbles | Packing::SixBits => {
                 assert!(blocks.is_multiple_of(8));
                 self.at(last, blocks / 8)
             }
@@ -229,6 +229,7 @@ pub(crate) fn dots<const R: usize, const W: usize>(
                     avx512::main::<R, W, { avx512::FIFTH_BITS }>(ops)
                 }
                 Packing::KNibbles => avx512::main::<R, W, { avx512::K_NIBBLES }>(ops),
+                Packing::SixBits => avx512::main::<R, W, { avx512::SIX_BITS }>(ops),
             }
         },
     };
@@ -376,6 +377,7 @@ mod avx512 {
     pub const NIBBLES: u8 = 1;
     pub const FIFTH_BITS: u8 = 2;
     pub const K_NIBBLES: u8 = 3;
+    pub const SIX_BITS: u8 = 4;
 
     /// [`super::avx2::main`] two blocks at a time: the low eight lanes of a
     /// register hold the even block's sums and the high eight the odd
@@ -415,12 +417,23 @@ mod avx512 {
             Packing::Nibbles { fifth: None, .. } => NIBBLES,
             Packing::Nibbles { fifth: Some(_), .. } => FIFTH_BITS,
             Packing::KNibbles => K_NIBBLES,
+            Packing::SixBits => SIX_BITS,
         };
         assert_eq!(mode, MODE, "the kernel's mode is the values' packing");
         let zero = _mm512_setzero_si512();
         let offset = _mm512_set1_epi8(packing.offset() as i8);
         let low_nibbles = _mm512_set1_epi8(0x0F);
         let fifth_bit = _mm512_set1_epi8(0x10);
+        let two_bits = _mm512_set1_epi8(3);
+        // Q6_K's high-bit shifts for the sub-block pairs of parts (0, 1)
+        // and (2, 3): each 16-bit lane of the low 256 bits by the first.
+        let split = |low: i16, high: i16| {
+            _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_set1_epi16(low)),
+                _mm256_set1_epi16(high),
+            )
+        };
+        let (high_shifts_01, high_shifts_23) = (split(0, 2), split(4, 6));
         // 128-bit lanes `[a, a, b, b]` from `[a, b, .., ..]`.
         let doubled = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
         // Lane `l` takes element `l / 8` (input scales) or `l / 4` (weight
@@ -495,6 +508,32 @@ mod avx512 {
                         } else {
                             values
                         }
+                    }
+                    SIX_BITS => {
+                        // `b` is even: parts (0, 1) or (2, 3) of one `n`,
+                        // whose low bits are 64 consecutive bytes.
+                        let (n, part) = ((b % 8) / 4, b % 4);
+                        let block = w.wrapping_add(j * row_stride + (b / 8) * block_stride);
+                        let (low, high) = unsafe {
+                            let low = _mm512_loadu_si512(block.add(64 * n) as *const __m512i);
+                            let high =
+                                _mm256_loadu_si256(block.add(128 + 32 * n) as *const __m256i);
+                            (low, high)
+                        };
+                        let low = if part == 0 {
+                            low
+                        } else {
+                            _mm512_srli_epi16::<4>(low)
+                        };
+                        let high = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(high), high);
+                        let shifts = if part == 0 {
+                            high_shifts_01
+                        } else {
+                            high_shifts_23
+                        };
+                        let high = _mm512_and_si512(_mm512_srlv_epi16(high, shifts), two_bits);
+                        let low = _mm512_and_si512(low, low_nibbles);
+                        _mm512_or_si512(low, _mm512_slli_epi16::<4>(high))
                     }
                     _ => {
                         // K_NIBBLES: `b` is even, so `b` and `b + 1` are the

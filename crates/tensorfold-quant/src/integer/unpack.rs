@@ -53,6 +53,11 @@ pub(crate) enum Packing {
     /// Q4_K: the sub-blocks `2i` and `2i + 1` of a 256-block are the low
     /// and high nibbles of the 32 bytes at `16 + 32 i`.
     KNibbles,
+    /// Q6_K: sub-block `t` of a 256-block (`n = t / 4`, `part = t % 4`)
+    /// takes four low bits from the 32 bytes at `64 n + 32 (part % 2)`
+    /// (shifted by `4 (part / 2)`) and two high bits from the 32 at
+    /// `128 + 32 n` (shifted by `2 part`).
+    SixBits,
 }
 
 impl Packing {
@@ -62,6 +67,7 @@ impl Packing {
             Packing::Bytes => 128,
             Packing::Nibbles { offset, .. } => offset,
             Packing::KNibbles => 0,
+            Packing::SixBits => 32,
         }
     }
 }
@@ -81,6 +87,7 @@ pub(crate) fn layout(format: Format) -> Option<Layout> {
         Format::Q5_0 => Some(nibbles(6, Some(2), 16)),
         Format::Q5_1 => Some(nibbles(8, Some(4), 0)),
         Format::Q4K => Some(Packing::KNibbles),
+        Format::Q6K => Some(Packing::SixBits),
         _ => None,
     };
     Some(Layout {
