@@ -155,7 +155,10 @@ impl Forward for Model {
         &self,
         seqs: &mut [Seq<'_>],
     ) -> std::result::Result<Vec<Vec<f32>>, ForwardError> {
-        Ok(Model::forward_batch(self, seqs))
+        // On a pool thread, each matmul's parallel split starts on the
+        // calling thread at once, instead of waking the pool and sleeping
+        // until it is done (two wake-ups a matmul on a small model).
+        Ok(rayon::scope(|_| Model::forward_batch(self, seqs)))
     }
 }
 
