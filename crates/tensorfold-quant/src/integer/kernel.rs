@@ -16,6 +16,9 @@ pub(crate) enum Isa {
     Avx2,
     #[cfg(target_arch = "x86_64")]
     Avx512Vnni,
+    /// NEON with the dot-product extension (SDOT).
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
 
 impl Isa {
@@ -36,6 +39,10 @@ impl Isa {
             {
                 all.push(Isa::Avx512Vnni);
             }
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("dotprod") {
+            all.push(Isa::Neon);
         }
         all
     }
@@ -81,6 +88,10 @@ impl Isa {
                     return Isa::Avx2;
                 }
             }
+            #[cfg(target_arch = "aarch64")]
+            if std::arch::is_aarch64_feature_detected!("dotprod") {
+                return Isa::Neon;
+            }
             Isa::Portable
         })
     }
@@ -122,7 +133,7 @@ impl Values<'_> {
     }
 
     /// Checks that rows `j0..j0 + rows`, `blocks` long, are in bounds.
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     fn check(&self, j0: usize, rows: usize, blocks: usize) {
         assert!(rows > 0 && blocks > 0);
         let last = j0 + rows - 1;
@@ -217,6 +228,9 @@ pub(crate) fn dots<const R: usize, const W: usize>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only detected where AVX2 and FMA run.
         Isa::Avx2 => unsafe { avx2::main::<R, W>(ops) },
+        #[cfg(target_arch = "aarch64")]
+        // SAFETY: `Isa::Neon` is only detected where the dot product runs.
+        Isa::Neon => unsafe { neon::main::<R, W>(ops) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512Vnni` only where AVX-512 F/BW/VNNI run.
         Isa::Avx512Vnni => unsafe {
@@ -243,7 +257,7 @@ pub(crate) fn dots<const R: usize, const W: usize>(
 }
 
 /// Pointers and strides one SIMD kernel call reads, bounds checked once.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct Rows<'a> {
     x: *const i8,
     cols: usize,
@@ -256,7 +270,7 @@ struct Rows<'a> {
     packing: Packing,
 }
 
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl<'a> Rows<'a> {
     fn new(ops: &'a Operands, rows: usize, weight_rows: usize) -> Rows<'a> {
         let (blocks, cols) = (ops.blocks(), ops.inputs.cols);
@@ -603,6 +617,115 @@ mod avx512 {
                 let mut lanes = [0f32; LANES];
                 // SAFETY: `lanes` holds eight floats.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(even, odd)) };
+                combine(&lanes)
+            })
+        })
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
+    use std::arch::aarch64::*;
+
+    /// `acc` plus, per lane, the exact sum of the four products of that
+    /// lane's bytes of `a` and `b` (SDOT; the intrinsic is not stable, the
+    /// instruction is).
+    #[target_feature(enable = "neon,dotprod")]
+    #[inline]
+    fn dot(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
+        let mut acc = acc;
+        // SAFETY: SDOT reads and writes only these registers, and this
+        // function runs only where the dot-product extension is.
+        unsafe {
+            std::arch::asm!(
+                "sdot {acc:v}.4s, {a:v}.16b, {b:v}.16b",
+                acc = inout(vreg) acc,
+                a = in(vreg) a,
+                b = in(vreg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            )
+        };
+        acc
+    }
+
+    /// The integer and float parts of [`super::reference`] for `R x W`
+    /// dots: a block's eight lanes are two SDOTs (lanes 0-3 are the first
+    /// half block, 4-7 the second), converted and fused-multiply-added into
+    /// the even or odd blocks' running sums.
+    ///
+    /// # Safety
+    /// NEON and the dot-product extension must be available.
+    #[target_feature(enable = "neon,dotprod")]
+    pub(super) unsafe fn main<const R: usize, const W: usize>(ops: &Operands) -> [[f32; W]; R] {
+        let rows = Rows::new(ops, R, W);
+        let Rows {
+            x,
+            cols,
+            x_scales,
+            w,
+            row_stride,
+            block_stride,
+            half_scales,
+            blocks,
+            packing,
+        } = rows;
+        assert_eq!(packing, Packing::Bytes, "NEON reads unpacked values");
+        let zero = vdupq_n_s32(0);
+        // `[parity][half]` running sums of each (input row, weight row).
+        let mut acc = [[[[vdupq_n_f32(0.0); 2]; 2]; W]; R];
+        // Block `b` into the sums of `parity` (a macro: a constant parity
+        // keeps the sums in registers).
+        macro_rules! step {
+            ($b:expr, $parity:expr) => {{
+                let b = $b;
+                let mut xv = [[vdupq_n_s8(0); 2]; R];
+                for (r, halves) in xv.iter_mut().enumerate() {
+                    // SAFETY: block `b < blocks` of input row `r < R`,
+                    // checked in `Rows::new`.
+                    *halves = unsafe {
+                        let at = x.add(r * cols + b * BLOCK);
+                        [vld1q_s8(at), vld1q_s8(at.add(16))]
+                    };
+                }
+                for j in 0..W {
+                    // SAFETY: block `b` of weight row `j < W`, checked in
+                    // `Rows::new`.
+                    let wv = unsafe {
+                        let at = w.add(j * row_stride + b * block_stride);
+                        [vld1q_s8(at), vld1q_s8(at.add(16))]
+                    };
+                    let h = &half_scales[j * 2 * blocks + 2 * b..][..2];
+                    for r in 0..R {
+                        let x_scale = x_scales[r * blocks + b];
+                        for half in 0..2 {
+                            let lanes = dot(zero, wv[half], xv[r][half]);
+                            let factor = vdupq_n_f32(h[half] * x_scale);
+                            let sums = &mut acc[r][j][$parity][half];
+                            *sums = vfmaq_f32(*sums, factor, vcvtq_f32_s32(lanes));
+                        }
+                    }
+                }
+            }};
+        }
+        let mut b = 0;
+        while b + 2 <= blocks {
+            step!(b, 0);
+            step!(b + 1, 1);
+            b += 2;
+        }
+        if b < blocks {
+            step!(b, 0);
+        }
+        std::array::from_fn(|r| {
+            std::array::from_fn(|j| {
+                let [even, odd] = acc[r][j];
+                let mut lanes = [0f32; LANES];
+                // SAFETY: `lanes` holds eight floats.
+                unsafe {
+                    vst1q_f32(lanes.as_mut_ptr(), vaddq_f32(even[0], odd[0]));
+                    vst1q_f32(lanes.as_mut_ptr().add(4), vaddq_f32(even[1], odd[1]));
+                }
                 combine(&lanes)
             })
         })

@@ -180,6 +180,7 @@ unsafe fn tile(
 }
 
 /// Asks for the next tile (into L2) while this one is unpacked.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn prefetch(next: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     for line in next.chunks(64) {

@@ -62,6 +62,7 @@ pub(crate) enum Packing {
 
 impl Packing {
     /// What the kernel adds to a signed value to read it as unsigned.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn offset(self) -> u8 {
         match self {
             Packing::Bytes => 128,
