@@ -9,7 +9,9 @@
 //!
 //! Work is split into tasks of one key/value head and [`TILE`] query rows:
 //! every head of the group and every row of the tile reads a key block
-//! while it is in cache, and tasks run on every core.
+//! while it is in cache, and tasks run on every core. When that makes too
+//! few tasks for the cores (decoding one row), a group's heads are split
+//! between tasks.
 
 mod kernels;
 
@@ -60,22 +62,42 @@ fn attention_with(
         "the cache holds the rows' keys"
     );
     let tiles = rows.div_ceil(TILE);
-    let tasks: Vec<(usize, Range<usize>)> = (0..config.kv_heads)
-        .flat_map(|kv_head| {
-            (0..tiles).map(move |t| (kv_head, t * TILE..((t + 1) * TILE).min(rows)))
-        })
-        .collect();
-    let results: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|(kv_head, tile)| run_task(isa, &shape, blocks, start, q, *kv_head, tile.clone()))
-        .collect();
-    let hd = shape.head_dim;
-    for ((kv_head, tile), result) in tasks.iter().zip(&results) {
-        for (r, heads) in tile.clone().zip(result.chunks_exact(shape.group * hd)) {
-            let at = r * shape.q_width + kv_head * shape.group * hd;
-            out[at..at + heads.len()].copy_from_slice(heads);
+    let wanted = 2 * rayon::current_num_threads();
+    let parts = wanted
+        .div_ceil(config.kv_heads * tiles)
+        .clamp(1, shape.group);
+    let per_part = shape.group.div_ceil(parts);
+    let mut tasks = Vec::new();
+    for kv_head in 0..config.kv_heads {
+        for t in 0..tiles {
+            for first in (0..shape.group).step_by(per_part) {
+                tasks.push(Task {
+                    kv_head,
+                    heads: first..(first + per_part).min(shape.group),
+                    rows: t * TILE..((t + 1) * TILE).min(rows),
+                });
+            }
         }
     }
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|task| run_task(isa, &shape, blocks, start, q, task))
+        .collect();
+    let hd = shape.head_dim;
+    for (task, result) in tasks.iter().zip(&results) {
+        let width = task.heads.len() * hd;
+        for (r, heads) in task.rows.clone().zip(result.chunks_exact(width)) {
+            let at = r * shape.q_width + (task.kv_head * shape.group + task.heads.start) * hd;
+            out[at..at + width].copy_from_slice(heads);
+        }
+    }
+}
+
+/// Query `heads` (within the group) of `kv_head`, for query `rows`.
+struct Task {
+    kv_head: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
 }
 
 /// What the fold needs of the model's shape.
@@ -104,32 +126,30 @@ fn run_task(
     blocks: &[Arc<KvBlock>],
     start: usize,
     q: &[f32],
-    kv_head: usize,
-    rows: Range<usize>,
+    task: &Task,
 ) -> Vec<f32> {
     match isa {
-        Isa::Portable => task(Portable, shape, blocks, start, q, kv_head, rows),
+        Isa::Portable => fold_task(Portable, shape, blocks, start, q, task),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only detected (or listed) where the CPU
         // runs AVX2, FMA and F16C.
-        Isa::Avx2 => unsafe { task_avx2(shape, blocks, start, q, kv_head, rows) },
+        Isa::Avx2 => unsafe { fold_task_avx2(shape, blocks, start, q, task) },
     }
 }
 
-/// [`task`] compiled for AVX2, FMA and F16C.
+/// [`fold_task`] compiled for AVX2, FMA and F16C.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn task_avx2(
+fn fold_task_avx2(
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
     q: &[f32],
-    kv_head: usize,
-    rows: Range<usize>,
+    task: &Task,
 ) -> Vec<f32> {
     // SAFETY: this function runs only where the CPU has these features.
     let kernels = unsafe { kernels::Avx2::new() };
-    task(kernels, shape, blocks, start, q, kv_head, rows)
+    fold_task(kernels, shape, blocks, start, q, task)
 }
 
 /// One query's running softmax.
@@ -139,20 +159,20 @@ struct Running {
     acc: Vec<f32>,
 }
 
-/// Attention of the `group` heads sharing `kv_head`, for query `rows`:
-/// their outputs, row after row, head after head.
+/// Attention of one task's heads: their outputs, row after row, head
+/// after head.
 #[inline(always)]
-fn task<K: Kernels>(
+fn fold_task<K: Kernels>(
     kernels: K,
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
     q: &[f32],
-    kv_head: usize,
-    rows: Range<usize>,
+    task: &Task,
 ) -> Vec<f32> {
-    let (hd, group) = (shape.head_dim, shape.group);
-    let mut states: Vec<Running> = (0..rows.len() * group)
+    let (hd, task_heads, rows, kv_head) = (shape.head_dim, task.heads.len(), task.rows.clone(), task.kv_head);
+    let first_head = kv_head * shape.group + task.heads.start;
+    let mut states: Vec<Running> = (0..rows.len() * task_heads)
         .map(|_| Running {
             max: f32::NEG_INFINITY,
             sum: 0.0,
@@ -171,8 +191,8 @@ fn task<K: Kernels>(
             }
             let count = (pos + 1 - first).min(BLOCK);
             let (keys, values) = (&keys[..count * hd], &values[..count * hd]);
-            let row_states = &mut states[(r - rows.start) * group..][..group];
-            let query = |g: usize| &q[r * shape.q_width + (kv_head * group + g) * hd..][..hd];
+            let row_states = &mut states[(r - rows.start) * task_heads..][..task_heads];
+            let query = |g: usize| &q[r * shape.q_width + (first_head + g) * hd..][..hd];
             let mut g = 0;
             for heads in row_states.chunks_mut(HEADS_AT_ONCE) {
                 let step = Step {
