@@ -170,7 +170,12 @@ fn fold_task<K: Kernels>(
     q: &[f32],
     task: &Task,
 ) -> Vec<f32> {
-    let (hd, task_heads, rows, kv_head) = (shape.head_dim, task.heads.len(), task.rows.clone(), task.kv_head);
+    let (hd, task_heads, rows, kv_head) = (
+        shape.head_dim,
+        task.heads.len(),
+        task.rows.clone(),
+        task.kv_head,
+    );
     let first_head = kv_head * shape.group + task.heads.start;
     let mut states: Vec<Running> = (0..rows.len() * task_heads)
         .map(|_| Running {
