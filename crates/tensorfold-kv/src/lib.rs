@@ -1,12 +1,27 @@
-//! The key/value cache of one sequence, with exact rollback.
+//! The key/value cache of one sequence, with exact rollback and shared
+//! prefixes.
 //!
-//! Keys and values are stored per layer, position after position, exactly as
-//! the forward produced them. Rolling back (after rejected drafts) only
-//! shortens the sequence: what stays is untouched, so a rolled-back cache is
-//! bitwise the cache that never saw the rejected positions.
+//! Keys and values are stored per layer in fixed blocks of [`BLOCK`]
+//! positions counted from position 0, as f16 (rounded to nearest once, when
+//! the forward appends them). Inside a block each key/value head's rows lie
+//! together (`[kv_head][slot][head_dim]`), so attention reads one head's
+//! keys of a block as one contiguous run.
+//!
+//! Blocks are reference counted: a cache made from another's prefix
+//! ([`KvCache::clone_prefix`]) shares its blocks, and a block is copied only
+//! when a holder writes into a shared one (copy on write). Rolling back
+//! (after rejected drafts) only shortens the sequence: what stays is
+//! untouched, so a rolled-back cache is bitwise the cache that never saw the
+//! rejected positions.
 
-/// Positions a cache grows by when it is full.
-pub const GROWTH: usize = 64;
+use half::f16;
+use std::sync::Arc;
+
+/// Positions one block holds.
+pub const BLOCK: usize = 64;
+
+/// Positions a cache grows by when it is full: one block.
+pub const GROWTH: usize = BLOCK;
 
 /// What the scheduler asks of one sequence's cache, on any device: how
 /// many positions it holds, exact rollback, and what it occupies.
@@ -38,14 +53,70 @@ impl Cache for KvCache {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvShape {
     pub layers: usize,
-    /// `kv_heads * head_dim`.
-    pub width: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
 }
 
 impl KvShape {
-    /// Bytes one position takes across all layers (keys and values, f32).
+    /// `kv_heads * head_dim`: one position's keys (or values) in one layer.
+    pub fn width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Bytes one position takes across all layers, keys and values, in
+    /// f32: the most any device stores (the CPU cache stores half of it).
     pub fn bytes_per_position(&self) -> usize {
-        self.layers * self.width * 2 * std::mem::size_of::<f32>()
+        self.layers * self.width() * 2 * std::mem::size_of::<f32>()
+    }
+
+    /// Bytes one block of one layer takes (keys and values, f16).
+    fn block_bytes(&self) -> usize {
+        BLOCK * self.width() * 2 * std::mem::size_of::<f16>()
+    }
+}
+
+/// [`BLOCK`] positions of one layer: keys and values, each laid out
+/// `[kv_head][slot][head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvBlock {
+    keys: Vec<f16>,
+    values: Vec<f16>,
+    head_dim: usize,
+}
+
+impl KvBlock {
+    fn new(shape: KvShape) -> KvBlock {
+        let zeros = vec![f16::ZERO; BLOCK * shape.width()];
+        KvBlock {
+            keys: zeros.clone(),
+            values: zeros,
+            head_dim: shape.head_dim,
+        }
+    }
+
+    /// Keys of `kv_head` for the block's slots, `BLOCK * head_dim`, slot
+    /// after slot (slots past the cache's length hold nothing meaningful).
+    pub fn keys(&self, kv_head: usize) -> &[f16] {
+        &self.keys[kv_head * BLOCK * self.head_dim..][..BLOCK * self.head_dim]
+    }
+
+    /// Values of `kv_head`, laid out as [`KvBlock::keys`].
+    pub fn values(&self, kv_head: usize) -> &[f16] {
+        &self.values[kv_head * BLOCK * self.head_dim..][..BLOCK * self.head_dim]
+    }
+
+    /// Stores one position's keys and values (`width` each) at `slot`.
+    fn write(&mut self, slot: usize, k: &[f32], v: &[f32]) {
+        let hd = self.head_dim;
+        for (head, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let at = (head * BLOCK + slot) * hd;
+            for (dst, src) in self.keys[at..at + hd].iter_mut().zip(k) {
+                *dst = f16::from_f32(*src);
+            }
+            for (dst, src) in self.values[at..at + hd].iter_mut().zip(v) {
+                *dst = f16::from_f32(*src);
+            }
+        }
     }
 }
 
@@ -53,8 +124,8 @@ impl KvShape {
 #[derive(Debug, Clone)]
 pub struct KvCache {
     shape: KvShape,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// Each layer's blocks, position `p` in block `p / BLOCK`.
+    layers: Vec<Vec<Arc<KvBlock>>>,
     len: usize,
 }
 
@@ -63,13 +134,14 @@ impl KvCache {
         KvCache::with_capacity(shape, 0)
     }
 
-    /// A cache with room for `positions` before it grows.
+    /// A cache expecting `positions` (blocks are allocated as they fill).
     pub fn with_capacity(shape: KvShape, positions: usize) -> KvCache {
-        let room = || Vec::with_capacity(positions * shape.width);
+        let blocks = positions.div_ceil(BLOCK);
         KvCache {
             shape,
-            keys: (0..shape.layers).map(|_| room()).collect(),
-            values: (0..shape.layers).map(|_| room()).collect(),
+            layers: (0..shape.layers)
+                .map(|_| Vec::with_capacity(blocks))
+                .collect(),
             len: 0,
         }
     }
@@ -87,38 +159,35 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Appends `k` and `v` (each `n * width`) for `layer`. Layers are
-    /// appended in order; the last layer's append advances the length.
+    /// Appends `k` and `v` (each `n * width`) for `layer` at positions
+    /// `len..len + n`. Layers are appended in order; the last layer's
+    /// append advances the length.
     pub fn append(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        let w = self.shape.width;
+        let w = self.shape.width();
         debug_assert_eq!(k.len() % w, 0);
-        debug_assert_eq!(
-            self.keys[layer].len(),
-            self.len * w,
+        debug_assert_eq!(k.len(), v.len());
+        let blocks = &mut self.layers[layer];
+        debug_assert!(
+            blocks.len() * BLOCK >= self.len && blocks.len() <= self.len.div_ceil(BLOCK),
             "layers append in order"
         );
-        // Grow in steps of `GROWTH` positions, never by doubling, so what a
-        // cache holds stays within `GROWTH` positions of what it stores and
-        // a memory budget can count it.
-        if self.keys[layer].capacity() < self.keys[layer].len() + k.len() {
-            let more = k.len().max(GROWTH * w);
-            self.keys[layer].reserve_exact(more);
-            self.values[layer].reserve_exact(more);
+        for (i, (k, v)) in k.chunks_exact(w).zip(v.chunks_exact(w)).enumerate() {
+            let pos = self.len + i;
+            if pos / BLOCK == blocks.len() {
+                blocks.push(Arc::new(KvBlock::new(self.shape)));
+            }
+            // A block still shared with another cache is copied first.
+            Arc::make_mut(&mut blocks[pos / BLOCK]).write(pos % BLOCK, k, v);
         }
-        self.keys[layer].extend_from_slice(k);
-        self.values[layer].extend_from_slice(v);
         if layer + 1 == self.shape.layers {
             self.len += k.len() / w;
         }
     }
 
-    /// Keys of `layer` for positions `0..n` where `n` counts what that layer holds.
-    pub fn keys(&self, layer: usize) -> &[f32] {
-        &self.keys[layer]
-    }
-
-    pub fn values(&self, layer: usize) -> &[f32] {
-        &self.values[layer]
+    /// The blocks of `layer` holding positions `0..n`, where `n` counts
+    /// what that layer holds (within a forward, earlier layers are ahead).
+    pub fn blocks(&self, layer: usize) -> &[Arc<KvBlock>] {
+        &self.layers[layer]
     }
 
     /// Drops every position from `len` on.
@@ -126,48 +195,61 @@ impl KvCache {
         if len >= self.len {
             return;
         }
-        let keep = len * self.shape.width;
-        for l in 0..self.shape.layers {
-            self.keys[l].truncate(keep);
-            self.values[l].truncate(keep);
+        for blocks in &mut self.layers {
+            blocks.truncate(len.div_ceil(BLOCK));
         }
         self.len = len;
     }
 
-    /// A new cache holding this one's first `len` positions, with room for
-    /// `capacity` positions: a retained prefix handed to a new sequence.
+    /// A new cache holding this one's first `len` positions, expecting
+    /// `capacity`: a retained prefix handed to a new sequence. The blocks
+    /// are shared, not copied; the first write into a shared one copies
+    /// that block alone.
     pub fn clone_prefix(&self, len: usize, capacity: usize) -> KvCache {
         let len = len.min(self.len);
-        let mut c = KvCache::with_capacity(self.shape, capacity.max(len));
-        let n = len * self.shape.width;
-        for l in 0..self.shape.layers {
-            c.keys[l].extend_from_slice(&self.keys[l][..n]);
-            c.values[l].extend_from_slice(&self.values[l][..n]);
+        let blocks = capacity.max(len).div_ceil(BLOCK);
+        let layers = self
+            .layers
+            .iter()
+            .map(|held| {
+                let mut shared = Vec::with_capacity(blocks);
+                shared.extend(held[..len.div_ceil(BLOCK)].iter().cloned());
+                shared
+            })
+            .collect();
+        KvCache {
+            shape: self.shape,
+            layers,
+            len,
         }
-        c.len = len;
-        c
     }
 
     /// Releases room beyond the stored positions (a cache kept for reuse).
     pub fn shrink_to_fit(&mut self) {
-        for v in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            v.shrink_to_fit();
+        for blocks in &mut self.layers {
+            blocks.shrink_to_fit();
         }
     }
 
     /// Bytes held by stored positions.
     pub fn bytes(&self) -> usize {
-        self.len * self.shape.bytes_per_position()
+        self.len * self.shape.layers * self.shape.width() * 2 * std::mem::size_of::<f16>()
     }
 
-    /// Bytes allocated, stored or not.
+    /// Bytes allocated, stored or not. A block shared with other caches is
+    /// counted by each of them (an upper bound on what they hold together).
     pub fn allocated_bytes(&self) -> usize {
-        let f = std::mem::size_of::<f32>();
-        self.keys
+        let blocks: usize = self.layers.iter().map(Vec::len).sum();
+        blocks * self.shape.block_bytes()
+    }
+
+    /// Blocks this cache shares with another cache (for accounting and tests).
+    pub fn shared_blocks(&self) -> usize {
+        self.layers
             .iter()
-            .chain(&self.values)
-            .map(|v| v.capacity() * f)
-            .sum()
+            .flatten()
+            .filter(|b| Arc::strong_count(b) > 1)
+            .count()
     }
 }
 
@@ -175,34 +257,111 @@ impl KvCache {
 mod tests {
     use super::*;
 
+    const SHAPE: KvShape = KvShape {
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 3,
+    };
+
+    /// Position `p`'s keys and values in every layer: distinct, exact in f16.
+    fn row(p: usize) -> (Vec<f32>, Vec<f32>) {
+        let k = (0..6).map(|i| (p * 8 + i) as f32).collect();
+        let v = (0..6).map(|i| -((p * 8 + i) as f32)).collect();
+        (k, v)
+    }
+
+    fn filled(n: usize) -> KvCache {
+        let mut c = KvCache::new(SHAPE);
+        append(&mut c, 0..n);
+        c
+    }
+
+    fn append(c: &mut KvCache, positions: std::ops::Range<usize>) {
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for p in positions {
+            let (pk, pv) = row(p);
+            k.extend(pk);
+            v.extend(pv);
+        }
+        for l in 0..SHAPE.layers {
+            c.append(l, &k, &v);
+        }
+    }
+
+    /// Position `p` of `layer`, read back in f32: (keys, values).
+    fn read(c: &KvCache, layer: usize, p: usize) -> (Vec<f32>, Vec<f32>) {
+        let b = &c.blocks(layer)[p / BLOCK];
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for head in 0..SHAPE.kv_heads {
+            let at = (p % BLOCK) * SHAPE.head_dim..(p % BLOCK + 1) * SHAPE.head_dim;
+            k.extend(b.keys(head)[at.clone()].iter().map(|x| x.to_f32()));
+            v.extend(b.values(head)[at].iter().map(|x| x.to_f32()));
+        }
+        (k, v)
+    }
+
+    fn assert_holds(c: &KvCache, n: usize) {
+        assert_eq!(c.len(), n);
+        for l in 0..SHAPE.layers {
+            assert_eq!(c.blocks(l).len(), n.div_ceil(BLOCK));
+            for p in 0..n {
+                assert_eq!(read(c, l, p), row(p), "layer {l} position {p}");
+            }
+        }
+    }
+
+    #[test]
+    fn positions_read_back_across_block_boundaries() {
+        let c = filled(2 * BLOCK + 5);
+        assert_holds(&c, 2 * BLOCK + 5);
+        assert_eq!(c.bytes(), (2 * BLOCK + 5) * 2 * 6 * 2 * 2);
+        assert_eq!(c.allocated_bytes(), 3 * 2 * SHAPE.block_bytes());
+    }
+
+    #[test]
+    fn appending_in_pieces_stores_what_one_append_stores() {
+        let mut c = KvCache::new(SHAPE);
+        for range in [0..1, 1..BLOCK - 1, BLOCK - 1..BLOCK + 2, BLOCK + 2..150] {
+            append(&mut c, range);
+        }
+        assert_holds(&c, 150);
+    }
+
     #[test]
     fn truncate_restores_the_shorter_cache_exactly() {
-        let shape = KvShape {
-            layers: 2,
-            width: 3,
-        };
-        let mut a = KvCache::new(shape);
-        let mut b = KvCache::new(shape);
-        for l in 0..2 {
-            a.append(l, &[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
-            b.append(l, &[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0]);
+        let mut a = filled(BLOCK + 3);
+        a.truncate(BLOCK - 2);
+        assert_holds(&a, BLOCK - 2);
+        append(&mut a, BLOCK - 2..BLOCK + 10);
+        assert_holds(&a, BLOCK + 10);
+        a.truncate(200);
+        assert_eq!(a.len(), BLOCK + 10);
+    }
+
+    #[test]
+    fn a_cloned_prefix_shares_blocks_and_copies_only_on_write() {
+        let full = filled(3 * BLOCK + 7);
+        let mut copy = full.clone_prefix(2 * BLOCK + 4, 400);
+        assert_holds(&copy, 2 * BLOCK + 4);
+        assert_eq!(copy.shared_blocks(), 3 * SHAPE.layers);
+        // Extending the copy writes into its last, shared block: that block
+        // alone is copied, and the original is untouched.
+        let (mut k, mut v) = (vec![0.5; 6], vec![0.25; 6]);
+        for l in 0..SHAPE.layers {
+            copy.append(l, &k, &v);
         }
-        for l in 0..2 {
-            a.append(l, &[7.0; 6], &[8.0; 6]);
+        assert_eq!(copy.shared_blocks(), 2 * SHAPE.layers);
+        assert_holds(&full, 3 * BLOCK + 7);
+        assert_eq!(read(&copy, 1, 2 * BLOCK + 4), (k.clone(), v.clone()));
+        // Writes into an unshared block stay in place.
+        k.fill(2.0);
+        v.fill(4.0);
+        for l in 0..SHAPE.layers {
+            copy.append(l, &k, &v);
         }
-        assert_eq!(a.len(), 3);
-        a.truncate(1);
-        assert_eq!(a.len(), 1);
-        for l in 0..2 {
-            assert_eq!(a.keys(l), b.keys(l));
-            assert_eq!(a.values(l), b.values(l));
-        }
-        assert_eq!(a.bytes(), shape.bytes_per_position());
-        let c = a.clone_prefix(1, 8);
-        assert_eq!(
-            (c.len(), c.keys(1), c.values(0)),
-            (1, b.keys(1), b.values(0))
-        );
-        assert!(c.allocated_bytes() >= 8 * shape.bytes_per_position());
+        assert_eq!(read(&copy, 0, 2 * BLOCK + 5), (k, v));
+        assert_eq!(copy.shared_blocks(), 2 * SHAPE.layers);
+        drop(full);
+        assert_eq!(copy.shared_blocks(), 0);
     }
 }

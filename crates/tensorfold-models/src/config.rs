@@ -127,7 +127,8 @@ impl ModelConfig {
     pub fn kv_shape(&self) -> tensorfold_kv::KvShape {
         tensorfold_kv::KvShape {
             layers: self.layers,
-            width: self.kv_width(),
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
         }
     }
 }

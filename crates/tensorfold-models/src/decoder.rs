@@ -3,14 +3,14 @@
 //!
 //! Every step is row-local or reduces in a fixed order: matmuls through
 //! [`Matrix::matmul`], norms per row, rotary angles from the absolute
-//! position, attention for each query over keys `0..=pos` in order. So the
-//! logits of a position do not depend on how many rows share the call or
+//! position, attention for each query over keys `0..=pos` in blocks from
+//! position 0 (see `attention`). So the logits of a position do not depend on how many rows share the call or
 //! where a prefill chunk starts.
 
+use crate::attention::attention;
 use crate::config::{ModelConfig, RopeStyle};
-use rayon::prelude::*;
 use tensorfold_kv::KvCache;
-use tensorfold_quant::{dot, sum_squares, Matrix};
+use tensorfold_quant::{sum_squares, Matrix};
 
 /// One transformer block's weights.
 pub struct Block {
@@ -242,14 +242,7 @@ impl Model {
                 let n = s.tokens.len();
                 let (rows_q, rows_kv) = (row * qw..(row + n) * qw, row * kvw..(row + n) * kvw);
                 s.cache.append(l, &k[rows_kv.clone()], &v[rows_kv]);
-                attention(
-                    c,
-                    start,
-                    &q[rows_q.clone()],
-                    s.cache.keys(l),
-                    s.cache.values(l),
-                    &mut attn[rows_q],
-                );
+                attention(c, s.cache, l, start, &q[rows_q.clone()], &mut attn[rows_q]);
                 row += n;
             }
 
@@ -337,44 +330,4 @@ impl Model {
             .sum();
         blocks + head
     }
-}
-
-/// Causal attention of `m` query rows at positions `start..start + m` over
-/// the cached keys. Each (row, head) is independent and reduces its keys in
-/// position order, so its value does not depend on `m` or `start`'s chunking.
-fn attention(
-    c: &ModelConfig,
-    start: usize,
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    out: &mut [f32],
-) {
-    let (hd, kvw, heads) = (c.head_dim, c.kv_width(), c.heads);
-    let group = c.heads / c.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_exact_mut(hd)
-        .enumerate()
-        .for_each(|(idx, o)| {
-            let (r, head) = (idx / heads, idx % heads);
-            let kv_off = (head / group) * hd;
-            let qh = &q[r * c.q_width() + head * hd..][..hd];
-            let n = start + r + 1;
-            let mut scores: Vec<f32> = (0..n)
-                .map(|j| dot(qh, &keys[j * kvw + kv_off..][..hd]) * scale)
-                .collect();
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (j, s) in scores.iter().enumerate() {
-                let vj = &values[j * kvw + kv_off..][..hd];
-                o.iter_mut().zip(vj).for_each(|(o, v)| *o += *s * *v);
-            }
-            let inv = 1.0 / sum;
-            o.iter_mut().for_each(|o| *o *= inv);
-        });
 }

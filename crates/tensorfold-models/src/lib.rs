@@ -16,6 +16,7 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod attention;
 mod config;
 mod decoder;
 mod error;

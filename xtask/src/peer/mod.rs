@@ -1,7 +1,9 @@
 //! `cargo xtask bench --peer llama.cpp`: TensorFold beside llama.cpp on the
 //! same files in one run: one-stream cells (decode, decode at depth,
-//! prefill) and both servers under concurrent load, greedy and sampled,
-//! every stream checked against the same request served alone.
+//! prefill), both servers under concurrent load, greedy and sampled,
+//! every stream checked against the same request served alone, and an
+//! agent session of many turns through each server (time to first token
+//! per turn, replies compared).
 //!
 //! The run writes `report.json`, `report.md` and `serving.png` (with the
 //! engines' logs) into a folder under `--results`.
@@ -12,6 +14,7 @@ pub(crate) mod load;
 mod plot;
 mod report;
 pub(crate) mod server;
+mod session;
 
 use anyhow::{bail, Context, Result};
 use cells::CellSpec;
@@ -19,6 +22,7 @@ use clap::{Args, ValueEnum};
 use load::LoadSpec;
 use report::{EngineReport, ModelReport, Report};
 use server::Server;
+use session::SessionSpec;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -56,9 +60,20 @@ pub struct PeerArgs {
     /// Timed repetitions of each one-stream cell (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub repetitions: usize,
-    /// Only the one-stream cells, or only the serving cells.
+    /// Only the one-stream cells, only the serving cells, or only the
+    /// agent session.
     #[arg(long)]
     pub only: Option<Part>,
+    /// Turns of the agent session (each a tool output and a reply).
+    #[arg(long, default_value_t = 12)]
+    pub session_turns: usize,
+    /// Tokens of each tool output in the agent session (approximate on
+    /// registry models: about 5 characters a token).
+    #[arg(long, default_value_t = 400)]
+    pub session_tool_tokens: usize,
+    /// Most tokens of each reply in the agent session (greedy).
+    #[arg(long, default_value_t = 24)]
+    pub session_reply_tokens: usize,
     /// Longest one serving level may take; unfinished streams are dropped
     /// and the level reported as such.
     #[arg(long, default_value_t = 150)]
@@ -74,11 +89,13 @@ pub struct PeerArgs {
     pub results: PathBuf,
 }
 
-/// The two halves of a run.
+/// The parts of a run.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Part {
     Cells,
     Serving,
+    /// The agent session.
+    Session,
 }
 
 /// How served requests pick tokens.
@@ -172,8 +189,8 @@ fn measure(
         depths: args.depths.clone(),
         repetitions: args.repetitions,
     };
-    let with_cells = args.only != Some(Part::Serving);
-    let with_serving = args.only != Some(Part::Cells);
+    let wants = |part| args.only.is_none_or(|only| only == part);
+    let (with_cells, with_serving) = (wants(Part::Cells), wants(Part::Serving));
     let mut peer = EngineReport::new("llama.cpp");
     let mut ours = EngineReport::new("TensorFold");
     if let Err(e) = llama {
@@ -199,16 +216,22 @@ fn measure(
             let server = |port| llama_server(llama, &model.path, backend, port, args);
             serve(&mut peer, args, model, server, &log("llama.cpp", "server"));
         }
-        let server = |port: u16| {
-            let mut command = Command::new(tensorfold);
-            command
-                .arg("serve")
-                .arg(&model.path)
-                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-                .args(["--backend", backend]);
-            command
-        };
+        let server = |port| tensorfold_server(tensorfold, &model.path, backend, port);
         serve(&mut ours, args, model, server, &log("tensorfold", "server"));
+    }
+    if wants(Part::Session) {
+        let spec = SessionSpec {
+            turns: args.session_turns,
+            tool_chars: args.session_tool_tokens * model.chars_per_token,
+            reply_tokens: args.session_reply_tokens,
+            deadline: Duration::from_secs(args.deadline_s),
+        };
+        if let Ok(llama) = llama {
+            let server = |port| llama_session_server(llama, &model.path, backend, port, &spec);
+            converse(&mut peer, &spec, server, &log("llama.cpp", "session"));
+        }
+        let server = |port| tensorfold_server(tensorfold, &model.path, backend, port);
+        converse(&mut ours, &spec, server, &log("tensorfold", "session"));
     }
     ModelReport {
         name: model.name.clone(),
@@ -361,6 +384,63 @@ fn serve_levels(
         engine.serving.insert(mode.name().to_string(), levels);
     }
     Ok(())
+}
+
+/// Starts a server and puts it through the agent session; a server that
+/// does not start is recorded as such.
+fn converse(
+    engine: &mut EngineReport,
+    spec: &SessionSpec,
+    command: impl Fn(u16) -> Command,
+    log: &Path,
+) {
+    let started = server::free_port()
+        .and_then(|port| Server::start(command(port), port, log, Duration::from_secs(600)));
+    engine.session = Some(match started {
+        Ok(server) => {
+            eprintln!(
+                "peer: {} agent session, {} turns",
+                engine.engine, spec.turns
+            );
+            session::run(&server.url, spec)
+        }
+        Err(e) => session::Session {
+            error: Some(format!("{e:#}")),
+            ..Default::default()
+        },
+    });
+}
+
+fn tensorfold_server(tensorfold: &Path, model: &Path, backend: &str, port: u16) -> Command {
+    let mut command = Command::new(tensorfold);
+    command
+        .arg("serve")
+        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--backend", backend]);
+    command
+}
+
+/// llama-server with one slot holding the whole session (it keeps the
+/// slot's prompt between requests and reuses the common prefix).
+fn llama_session_server(
+    llama: &llama_cpp::LlamaCpp,
+    model: &Path,
+    backend: &str,
+    port: u16,
+    spec: &SessionSpec,
+) -> Command {
+    let mut command = Command::new(llama.tool("llama-server"));
+    command
+        .arg("-m")
+        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["-np", "1", "-c", &spec.context_tokens().to_string()]);
+    match backend {
+        "cuda" => command.args(["-ngl", "99", "-fa", "on"]),
+        _ => command.args(["-ngl", "0", "-t", &cells::threads().to_string()]),
+    };
+    command
 }
 
 fn llama_server(

@@ -3,6 +3,7 @@
 
 use super::cells::Figures;
 use super::load::Level;
+use super::session::Session;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -46,6 +47,9 @@ pub struct EngineReport {
     /// Serving levels by mode (`greedy`, `sampled`).
     pub serving: BTreeMap<String, Vec<Level>>,
     pub serving_error: Option<String>,
+    /// The agent session, where it ran.
+    #[serde(default)]
+    pub session: Option<Session>,
 }
 
 impl EngineReport {
@@ -58,6 +62,7 @@ impl EngineReport {
             cell_errors: BTreeMap::new(),
             serving: BTreeMap::new(),
             serving_error: None,
+            session: None,
         }
     }
 
@@ -132,9 +137,78 @@ pub fn tables(model: &ModelReport) -> String {
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()
         .collect();
-    if modes.is_empty() && peer.serving_error.is_none() && ours.serving_error.is_none() {
-        return out;
+    if !modes.is_empty() || peer.serving_error.is_some() || ours.serving_error.is_some() {
+        serving_table(&mut out, peer, ours, modes);
     }
+    if peer.session.is_some() || ours.session.is_some() {
+        session_table(&mut out, peer, ours);
+    }
+    out
+}
+
+/// The agent session turn by turn: each engine's time to first token, the
+/// ratio TensorFold / peer (below 1 is faster), and whether both replied
+/// the same; then the sums and each engine's last turn over its first.
+fn session_table(out: &mut String, peer: &EngineReport, ours: &EngineReport) {
+    let empty = Session::default();
+    let (a, b) = (
+        peer.session.as_ref().unwrap_or(&empty),
+        ours.session.as_ref().unwrap_or(&empty),
+    );
+    let _ = writeln!(
+        out,
+        "\n| agent session | {p} TTFT (s) | {o} TTFT (s) | ratio | same reply |\n|---|---|---|---|---|",
+        p = peer.engine,
+        o = ours.engine
+    );
+    let seconds = |s: Option<f64>| s.map_or("–".into(), |s| format!("{s:.2}"));
+    let turns = a.turns.len().max(b.turns.len());
+    let mut same = 0;
+    for i in 0..turns {
+        let (x, y) = (a.turns.get(i), b.turns.get(i));
+        let equal = match (x, y) {
+            (Some(x), Some(y)) if x.reply == y.reply => {
+                same += 1;
+                "yes"
+            }
+            (Some(_), Some(_)) => "no",
+            _ => "–",
+        };
+        let (x, y) = (x.map(|t| t.ttft_s), y.map(|t| t.ttft_s));
+        let _ = writeln!(
+            out,
+            "| turn {} | {} | {} | {} | {equal} |",
+            i + 1,
+            seconds(x),
+            seconds(y),
+            ratio(y, x)
+        );
+    }
+    let complete =
+        |s: &Session| (!s.turns.is_empty() && s.turns.len() == turns).then(|| s.ttft_sum());
+    let _ = writeln!(
+        out,
+        "| sum | {} | {} | {} | {same}/{turns} |",
+        seconds(complete(a)),
+        seconds(complete(b)),
+        ratio(complete(b), complete(a))
+    );
+    let growth = |s: &Session| s.growth().map_or("–".into(), |g| format!("{g:.2}x"));
+    let _ = writeln!(
+        out,
+        "| last turn / first | {} | {} | | |",
+        growth(a),
+        growth(b)
+    );
+    for (engine, session) in [(peer, a), (ours, b)] {
+        if let Some(why) = engine.error.as_ref().or(session.error.as_ref()) {
+            let _ = writeln!(out, "\n{} session: {}", engine.engine, one_line(why));
+        }
+    }
+}
+
+/// The serving levels of both engines, mode by mode.
+fn serving_table(out: &mut String, peer: &EngineReport, ours: &EngineReport, modes: Vec<&String>) {
     let _ = writeln!(
         out,
         "\n| server | streams | {p} tok/s | {o} tok/s | ratio | {p} TTFT p50 / p95 (s) | {o} TTFT p50 / p95 (s) | {p} equal to solo | {o} equal to solo |\n|---|---|---|---|---|---|---|---|---|",
@@ -188,7 +262,6 @@ pub fn tables(model: &ModelReport) -> String {
             );
         }
     }
-    out
 }
 
 /// The whole report as Markdown: a header naming the run, then each model.
@@ -252,6 +325,50 @@ mod tests {
         assert!(text.contains("| greedy | 1 | 100.0 | 150.0 | 1.50x |"));
         assert!(text.contains("| greedy | 4 | 300.0 | no answer in 150 s | – |"));
         assert!(text.contains("| 3/4 | 0/4 (4 failed) |"));
+    }
+
+    #[test]
+    fn the_session_table_gives_turns_sums_growth_and_equal_replies() {
+        use crate::peer::session::Turn;
+        let turn = |s: f64, reply: &str| Turn {
+            ttft_s: s,
+            prompt_tokens: None,
+            reply: reply.into(),
+        };
+        let mut peer = EngineReport::new("llama.cpp");
+        peer.session = Some(Session {
+            turns: vec![turn(1.0, "a"), turn(2.0, "b")],
+            error: None,
+        });
+        let mut ours = EngineReport::new("TensorFold");
+        ours.session = Some(Session {
+            turns: vec![turn(0.5, "a"), turn(0.6, "c")],
+            error: None,
+        });
+        let model = ModelReport {
+            name: "m".into(),
+            file: "m.gguf".into(),
+            bytes: 0,
+            cells: Vec::new(),
+            engines: vec![peer, ours],
+        };
+        let text = tables(&model);
+        assert!(
+            text.contains("| turn 1 | 1.00 | 0.50 | 0.50x | yes |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| turn 2 | 2.00 | 0.60 | 0.30x | no |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| sum | 3.00 | 1.10 | 0.37x | 1/2 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| last turn / first | 2.00x | 1.20x |"),
+            "{text}"
+        );
     }
 
     #[test]
