@@ -5,8 +5,9 @@ use minijinja::{Environment, Error, ErrorKind, Value};
 use serde_json::Value as Json;
 
 /// Instructions one render may run: a real template spends a few hundred
-/// per message, so only a runaway loop reaches this.
-const RENDER_FUEL: u64 = 20_000_000;
+/// per message, so only a runaway loop reaches this, after about a tenth
+/// of a second of one core (a hostile template must not cost seconds).
+const RENDER_FUEL: u64 = 5_000_000;
 /// Bytes one render may write: far more than any context window holds.
 const RENDER_BYTES: usize = 64 << 20;
 /// Nesting of calls, macros and includes.
@@ -145,6 +146,10 @@ mod tests {
             "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}";
         let err = render(endless).unwrap_err();
         assert!(err.contains("fuel"), "{err}");
+        // Found by fuzzing: four million empty prints.
+        let prints =
+            "{% for i in range(0250) %}{% for j in range(16874) %}{{ c }}{% endfor %}{% endfor %}";
+        assert!(render(prints).unwrap_err().contains("fuel"));
         let huge = "{% for a in range(10000) %}{{ 'x' * 100000 }}{% endfor %}";
         assert!(render(huge).is_err());
         let deep = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
