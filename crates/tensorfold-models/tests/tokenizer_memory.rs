@@ -10,7 +10,9 @@ use candle_core::quantized::gguf_file::{write, Value};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicIsize, Ordering};
-use tensorfold_models::GgufFile;
+use std::sync::Mutex;
+use tensorfold_models::synth::{write_hf, SynthSpec};
+use tensorfold_models::{load, Arch, Format, GgufFile};
 
 /// The system allocator, counting the bytes currently allocated.
 struct Counting;
@@ -44,6 +46,9 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// The tests run one at a time: the counter sees every thread.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// The fuzz target's input as a GGUF file: the first line names the
 /// pre-tokenizer, the second holds token types (digits), then tokens up to
@@ -95,6 +100,7 @@ fn build_and_encode(path: &Path, text: &str) -> usize {
 
 #[test]
 fn rebuilding_a_gguf_tokenizer_leaves_no_memory_behind() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let seed = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../fuzz/seeds/gguf_tokenizer/oom_bpe_cache_per_tokenizer.txt");
     let dir: PathBuf =
@@ -116,5 +122,34 @@ fn rebuilding_a_gguf_tokenizer_leaves_no_memory_behind() {
     assert!(
         grown < 64 * 1024,
         "{ROUNDS} tokenizers left {grown} bytes allocated"
+    );
+}
+
+/// `tokenizer.json` tokenizers (and their clones) keep no word cache either.
+#[test]
+fn cloning_a_hugging_face_tokenizer_leaves_no_words_behind() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("tf-tokenizer-memory-hf-{}", std::process::id()));
+    write_hf(&dir, &SynthSpec::tiny(Arch::Llama, Format::F32, 1)).expect("tiny model");
+    let bundle = load(&dir).expect("tiny model loads");
+    std::fs::remove_dir_all(&dir).ok();
+    let text = "hello world, the 12 quick foxes: don't stop! ".repeat(8);
+    let encode = |tokenizer: &tokenizers::Tokenizer| {
+        tokenizer
+            .encode(text.as_str(), false)
+            .expect("encode")
+            .len()
+    };
+    assert!(encode(&bundle.tokenizer.clone()) > 0);
+    let before = LIVE_BYTES.load(Ordering::Relaxed);
+    const ROUNDS: isize = 200;
+    for _ in 0..ROUNDS {
+        encode(&bundle.tokenizer.clone());
+    }
+    let grown = LIVE_BYTES.load(Ordering::Relaxed) - before;
+    // Each clone still leaves an empty per-thread map (under 100 bytes).
+    assert!(
+        grown < 64 * 1024,
+        "{ROUNDS} tokenizer clones left {grown} bytes allocated"
     );
 }
