@@ -7,6 +7,7 @@ use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::ModelWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -17,6 +18,13 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer(e.to_string())
 }
+
+/// The BPE word cache of `tokenizers` lives in thread-locals keyed by model
+/// instance and outlives the model: every tokenizer built and used on a
+/// thread left up to 10,000 cached words behind it forever (a process
+/// loading models grew without bound). Tokenizers here keep no cache:
+/// merging a word is cheap next to a forward pass.
+const BPE_CACHE_CAPACITY: usize = 0;
 
 /// GPT-2 style word splitting with one digit per piece (SmolLM).
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -91,6 +99,7 @@ pub(crate) fn from_gguf(md: &Metadata) -> Result<Tokenizer> {
     }
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
+        .cache_capacity(BPE_CACHE_CAPACITY)
         .build()
         .map_err(tok_err)?;
     let mut tk = Tokenizer::new(bpe);
@@ -128,7 +137,9 @@ pub(crate) fn from_char_vocab(path: &Path, unk: Option<&str>) -> Result<Tokenize
         .iter()
         .filter_map(|(k, v)| v.as_u64().map(|id| (k.clone(), id as u32)))
         .collect();
-    let mut builder = BPE::builder().vocab_and_merges(vocab.clone(), Vec::new());
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab.clone(), Vec::new())
+        .cache_capacity(BPE_CACHE_CAPACITY);
     if let Some(unk) = unk.filter(|u| vocab.contains_key(*u)) {
         builder = builder.unk_token(unk.to_string());
     }
@@ -144,6 +155,14 @@ pub(crate) fn from_char_vocab(path: &Path, unk: Option<&str>) -> Result<Tokenize
 }
 
 pub(crate) fn from_file(path: &Path) -> Result<Tokenizer> {
-    Tokenizer::from_file(path)
-        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))
+    let mut tk = Tokenizer::from_file(path)
+        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+    // `tokenizer.json` cannot say "no cache": a capacity of 0 stores no
+    // words (each thread keeps only an empty map per loaded model).
+    if let ModelWrapper::BPE(bpe) = tk.get_model() {
+        let mut bpe = bpe.clone();
+        bpe.resize_cache(BPE_CACHE_CAPACITY);
+        tk.with_model(bpe);
+    }
+    Ok(tk)
 }
