@@ -379,7 +379,9 @@ fn assert_close_to_cpu(
     };
     let f16_inputs = kernels == MatmulKernels::TensorCores && quantized
         || tensorfold_cuda::attention_on_tensor_cores(model.config.head_dim);
-    let tolerance = if f16_inputs { 2e-2 } else { 2e-3 };
+    // The CPU keeps keys and values in f16 (the device in f32): a few
+    // thousandths apart even where both multiply in f32.
+    let tolerance = if f16_inputs { 2e-2 } else { 5e-3 };
     let prompt = tokens(70, seed);
     let mut cpu_kv = tensorfold_kv::KvCache::new(model.config.kv_shape());
     let mut gpu_kv = g.new_cache();

@@ -65,7 +65,8 @@ fn rows_do_not_depend_on_the_call() {
         assert_eq!(a.len(), tokens.len());
 
         // Close to the CPU backend's float products (its integer ones
-        // quantize the inputs to 8 bits), and the same greedy picks.
+        // quantize the inputs to 8 bits; its keys and values are f16, these
+        // f32), and the same greedy picks.
         tensorfold_models::set_float_products(true);
         let mut cpu = KvCache::new(model.config.kv_shape());
         let reference = model.forward(&tokens, &mut cpu, Logits::All);
@@ -81,7 +82,7 @@ fn rows_do_not_depend_on_the_call() {
                 .fold(0f32, f32::max);
             let scale = y.iter().map(|v| v.abs()).fold(0f32, f32::max);
             assert!(
-                diff <= 1e-3 * scale.max(1.0),
+                diff <= 5e-3 * scale.max(1.0),
                 "{arch:?} row {r}: {diff} of {scale}"
             );
             assert_eq!(argmax(x), argmax(y), "{arch:?} row {r}");
