@@ -105,17 +105,17 @@ impl UnpackedRows {
     pub fn fill(&mut self, format: Format, bytes: &[u8], rows: usize, cols: usize, values: bool) {
         let layout = layout(format).expect("format has an integer kernel");
         let blocks = rows * cols / BLOCK;
-        let values = if layout.in_place.is_some() || !values {
+        let value_count = if layout.in_place.is_some() || !values {
             0
         } else {
             rows * cols
         };
-        self.values.resize(values, 0);
+        self.values.resize(value_count, 0);
         self.half_scales.resize(2 * blocks, 0.0);
         self.block_mins
             .resize(if layout.block_mins { blocks } else { 0 }, 0.0);
         let source = &bytes[..format.matrix_bytes(rows, cols)];
-        if values == 0 {
+        if value_count == 0 {
             // Only scales (and minimums) of one-scale 32-blocks: a plain
             // loop, as short as the kernel's work on the block.
             let (half_scales, block_mins) = (&mut self.half_scales, &mut self.block_mins);
