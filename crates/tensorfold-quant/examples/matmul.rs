@@ -41,10 +41,10 @@ fn main() {
             continue;
         }
         let w = Matrix::from_f32(f, n, k, &values(n * k)).unwrap();
-        let x = values(9 * k);
-        let mut out = vec![0f32; 9 * n];
+        let x = values(64 * k);
+        let mut out = vec![0f32; 64 * n];
         let mut line = format!("{name:<24}");
-        for m in [1, 2, 4, 9] {
+        for m in [1, 2, 4, 9, 64] {
             let reps = (500_000_000 / (n * k * 8)).max(3);
             let mut best = f64::MAX;
             for _ in 0..7 {

@@ -280,26 +280,41 @@ fn q8_0(b: &[u8; 34], out: Out) {
 }
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K/Q5_K block.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
+/// The eight 6-bit sub-block scales and minimums of a Q4_K/Q5_K block from
+/// its 12 packed bytes (GGML's layout: scales 0-3 and minimums 0-3 in the
+/// low six bits of bytes 0-3 and 4-7; scales and minimums 4-7 in the
+/// nibbles of bytes 8-11 with their top two bits in the top bits of bytes
+/// 0-3 and 4-7), four bytes at a time without branches.
+fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let word = |at: usize| u32::from_le_bytes([q[at], q[at + 1], q[at + 2], q[at + 3]]);
+    let (low, middle, high) = (word(0), word(4), word(8));
+    let six = 0x3F3F_3F3F;
+    let (nibble, top) = (0x0F0F_0F0F, 0x0303_0303);
+    let scales_high = (high & nibble) | ((low >> 6) & top) << 4;
+    let mins_high = ((high >> 4) & nibble) | ((middle >> 6) & top) << 4;
+    let join = |a: u32, b: u32| {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&a.to_le_bytes());
+        out[4..].copy_from_slice(&b.to_le_bytes());
+        out
+    };
+    (join(low & six, scales_high), join(middle & six, mins_high))
 }
 
 /// Scales and minimums shared by Q4_K and Q5_K: `d * scale` per sub-block
 /// of 32, minus `dmin * min`.
 fn k4_scales(b: &[u8], out: &mut Out) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    for t in 0..8 {
-        let (scale, min) = scale_min_k4(t, &b[4..16]);
-        out.half_scales[2 * t..2 * t + 2].fill(d * scale as f32);
-        out.block_mins[t] = -(dmin * min as f32);
+    let (scales, mins) = scales_mins_k4(b[4..16].try_into().expect("12 bytes"));
+    // Fixed-size arrays without branches, so the conversions vectorize.
+    let scales = scales.map(|s| d * s as f32);
+    let half_scales: &mut [f32; 16] = (&mut *out.half_scales).try_into().expect("16 halves");
+    for (t, scale) in scales.into_iter().enumerate() {
+        half_scales[2 * t] = scale;
+        half_scales[2 * t + 1] = scale;
     }
+    let block_mins: &mut [f32; 8] = (&mut *out.block_mins).try_into().expect("8 blocks");
+    *block_mins = mins.map(|m| -(dmin * m as f32));
 }
 
 fn q4_k(b: &[u8; 144], mut out: Out) {
@@ -334,9 +349,9 @@ fn q5_k(b: &[u8; 176], mut out: Out) {
 fn q6_k(b: &[u8; 210], out: Out) {
     let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
     let d = f16_at(b, 208);
-    for (s, h) in out.half_scales.iter_mut().zip(scales) {
-        *s = d * *h as i8 as f32;
-    }
+    let scales: &[u8; 16] = scales.try_into().expect("16 scales");
+    let half_scales: &mut [f32; 16] = out.half_scales.try_into().expect("16 halves");
+    *half_scales = scales.map(|s| d * s as i8 as f32);
     // Element `128 n + 32 part + l` takes its low four bits from `ql` and
     // its high two from `qh`, as GGML lays a Q6_K block out.
     for (t, block) in out.values.chunks_exact_mut(BLOCK).enumerate() {
