@@ -39,6 +39,7 @@ fn shapes() -> Vec<Shape> {
         tied_embeddings: tied,
         qkv_bias: false,
         qk_norm: false,
+        plan: Default::default(),
     };
     vec![
         // SmolLM2-135M: 576 inputs per row is not a multiple of 256, so the
@@ -128,6 +129,9 @@ fn random_model(shape: &Shape) -> Model {
             gate: m(ff, h),
             up: m(ff, h),
             down: m(h, ff),
+            experts: None,
+            post_attn_norm: None,
+            post_ffn_norm: None,
         })
         .collect();
     let embed = m(c.vocab_size, h);

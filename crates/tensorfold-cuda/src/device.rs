@@ -2,6 +2,8 @@
 
 use crate::attention;
 use crate::launch::Launch;
+use crate::pinned::pinned;
+use crate::sampling::{PickBufs, RowDraw, SampleKernel};
 use crate::CudaError;
 use cudarc::driver::sys::{
     CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUgraphInstantiate_flags,
@@ -9,7 +11,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaGraph, CudaModule, CudaSlice, CudaStream, DevicePtr,
-    LaunchConfig,
+    LaunchConfig, PinnedHostSlice,
 };
 use cudarc::nvrtc::Ptx;
 use std::borrow::Cow;
@@ -18,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::{Encoding, Format, Matrix, Storage};
+use tensorfold_sampling::{Draw, SeqRows};
 
 static MATMUL_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/matmul.fatbin"));
 static TENSOR_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tensor.fatbin"));
@@ -325,6 +328,13 @@ fn early_launch_from_env() -> bool {
     std::env::var("TENSORFOLD_CUDA_EARLY_LAUNCH").as_deref() != Ok("0")
 }
 
+/// `TENSORFOLD_CUDA_PICKS=0` sends every logits row to the host, which
+/// picks by the same rule (for comparison; tokens do not change); anything
+/// else (or nothing) picks the rows of sequences with a draw on the GPU.
+fn device_picks_from_env() -> bool {
+    std::env::var("TENSORFOLD_CUDA_PICKS").as_deref() != Ok("0")
+}
+
 struct Kernels {
     _modules: [Arc<CudaModule>; 4],
     /// The device's streaming multiprocessors.
@@ -532,6 +542,7 @@ struct Scratch {
     rope_len: usize,
     rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     graphs: Graphs,
+    picks: PickBufs,
 }
 
 struct Bufs {
@@ -545,6 +556,8 @@ struct Bufs {
     picked: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     meta: CudaSlice<u64>,
+    /// Where the host writes the table before it is copied to `meta`.
+    host_meta: PinnedHostSlice<u64>,
     /// The tensor-core kernels' f16 copies of the matmul inputs
     /// (`tf_store_h16`), for widths that are a multiple of 32.
     xn16: Option<CudaSlice<u32>>,
@@ -636,6 +649,10 @@ pub struct CudaModel {
     weight_bytes: usize,
     bytes_per_token: usize,
     scratch: Mutex<Scratch>,
+    /// Picks tokens from the logits rows (`sampling.cu`).
+    sampler: SampleKernel,
+    /// Whether draws are picked on the device (see `device_picks_from_env`).
+    device_picks: bool,
     /// While on, every launch is followed by a timing event (and graphs
     /// are not used); see [`CudaModel::start_profile`].
     profiling: AtomicBool,
@@ -710,6 +727,14 @@ impl CudaModel {
     /// matrices with `kernels`.
     pub fn upload_with(model: &Model, ordinal: usize, kernels: MatmulKernels) -> Result<CudaModel> {
         let c = model.config.clone();
+        let missing = c.plan.features();
+        if !missing.is_empty() {
+            return Err(CudaError::Unsupported(format!(
+                "{} ({}); run it on the CPU",
+                missing.join(", "),
+                c.arch.name()
+            )));
+        }
         if c.head_dim > 256 || !c.head_dim.is_multiple_of(4) {
             return Err(CudaError::Unsupported(format!(
                 "head_dim {} (at most 256, a multiple of 4)",
@@ -730,6 +755,7 @@ impl CudaModel {
         // Graph capture needs a stream of its own (not the legacy default).
         let stream = ctx.new_stream()?;
         let k = Kernels::load(&ctx, kernels)?;
+        let sampler = SampleKernel::load(&ctx)?;
         // The few-row kernel keeps one partial sum per segment of a row
         // (and Q8_0 has the widest segment copies).
         let inputs = c.hidden_size.max(c.intermediate_size).max(c.q_width());
@@ -849,6 +875,8 @@ impl CudaModel {
             blocks,
             norm,
             scratch: Mutex::new(Scratch::default()),
+            sampler,
+            device_picks: device_picks_from_env(),
             profiling: AtomicBool::new(false),
             marks: Mutex::new(Vec::new()),
         })
@@ -1267,6 +1295,7 @@ impl CudaModel {
             picked: st.alloc_zeros(pick * h)?,
             logits: st.alloc_zeros(pick * c.vocab_size)?,
             meta: st.alloc_zeros(meta)?,
+            host_meta: pinned(&self.ctx, meta)?,
             xn16: half_words(rows, h)?,
             attn16: half_words(rows, qw)?,
             act16: half_words(rows, ff)?,
@@ -1476,10 +1505,32 @@ impl CudaModel {
     /// sequence's requested logits rows, shaped like
     /// [`Model::forward_batch`]'s.
     pub fn forward_batch(&self, seqs: &mut [Seq<'_, CudaKv>]) -> Result<Vec<Vec<f32>>> {
+        let rows = self.forward_batch_picked(seqs, &[])?;
+        Ok(rows
+            .into_iter()
+            .map(|r| match r {
+                SeqRows::Logits(l) => l,
+                SeqRows::Picks(_) => unreachable!("no sequence had a draw"),
+            })
+            .collect())
+    }
+
+    /// [`CudaModel::forward_batch`], where each sequence `i` with a draw
+    /// (`draws[i]`; missing entries count as none) has the token of each
+    /// requested row picked on the device by the rule of
+    /// `tensorfold-sampling`, at the position that row predicts (its own
+    /// plus one): only those ids cross to the host. The picks are the
+    /// tokens the CPU rule picks from the same rows.
+    pub fn forward_batch_picked(
+        &self,
+        seqs: &mut [Seq<'_, CudaKv>],
+        draws: &[Option<Draw>],
+    ) -> Result<Vec<SeqRows>> {
+        let draws = if self.device_picks { draws } else { &[] };
         let c = &self.config;
         let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();
         if m == 0 {
-            return Ok(vec![Vec::new(); seqs.len()]);
+            return Ok(vec![SeqRows::Logits(Vec::new()); seqs.len()]);
         }
         let vocab = c.vocab_size;
         let ns = seqs.len();
@@ -1509,9 +1560,17 @@ impl CudaModel {
         let mut counts = Vec::with_capacity(ns);
         let mut row = 0;
         let mut picks = Vec::new();
-        for s in seqs.iter() {
+        let mut row_draws = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
             let want = s.logits.rows(s.tokens.len());
             counts.push(want.len());
+            if let Some(Some(draw)) = draws.get(i) {
+                row_draws.extend(want.clone().map(|r| RowDraw {
+                    row: picks.len() + r - want.start,
+                    position: (s.cache.len + r + 1) as u64,
+                    draw: *draw,
+                }));
+            }
             picks.extend(want.map(|r| (row + r) as u64));
             row += s.tokens.len();
         }
@@ -1533,7 +1592,10 @@ impl CudaModel {
         self.ensure_rope(sc, max_pos)?;
         let st = &self.stream;
         let bufs = sc.bufs.as_mut().expect("scratch");
-        st.memcpy_htod(&meta, &mut bufs.meta)?;
+        // Every forward ends with the stream synchronized, so the previous
+        // copy out of the staging buffer is done.
+        bufs.host_meta.as_mut_slice()?[..meta.len()].copy_from_slice(&meta);
+        st.memcpy_htod(&bufs.host_meta, &mut bufs.meta)?;
         let (cos, sin) = sc.rope.as_ref().expect("rope");
         let bufs = sc.bufs.as_ref().expect("scratch");
         let mp = ptr(&bufs.meta, st);
@@ -1567,20 +1629,30 @@ impl CudaModel {
         };
         self.run(&mut sc.graphs, &plan)?;
 
+        // SAFETY: the head wrote `n` rows of `vocab` logits on this stream,
+        // and every draw's row is one of them.
+        let mut picked = unsafe {
+            self.sampler
+                .pick(st, &mut sc.picks, plan.logits, vocab, &row_draws)
+        }?
+        .into_iter();
+        let bufs = sc.bufs.as_ref().expect("scratch");
         let mut out = Vec::with_capacity(ns);
-        if n > 0 {
-            let mut host = vec![0f32; n * vocab];
-            st.memcpy_dtoh(&bufs.logits.slice(..n * vocab), &mut host)?;
-            let mut rest = host.as_slice();
-            for k in &counts {
-                let (mine, tail) = rest.split_at(k * vocab);
-                out.push(mine.to_vec());
-                rest = tail;
+        let mut first = 0;
+        for (i, &k) in counts.iter().enumerate() {
+            if let Some(Some(_)) = draws.get(i) {
+                out.push(SeqRows::Picks(picked.by_ref().take(k).collect()));
+            } else {
+                let mut host = vec![0f32; k * vocab];
+                if k > 0 {
+                    let rows = bufs.logits.slice(first * vocab..(first + k) * vocab);
+                    st.memcpy_dtoh(&rows, &mut host)?;
+                }
+                out.push(SeqRows::Logits(host));
             }
-        } else {
-            st.synchronize()?;
-            out.resize(ns, Vec::new());
+            first += k;
         }
+        st.synchronize()?;
         drop(guard);
         for s in seqs.iter_mut() {
             s.cache.len += s.tokens.len();

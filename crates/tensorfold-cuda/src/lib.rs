@@ -26,11 +26,18 @@ mod attention;
 mod device;
 #[cfg(feature = "cuda")]
 mod launch;
+#[cfg(feature = "cuda")]
+mod pinned;
+#[cfg(feature = "cuda")]
+mod sampling;
 
 #[cfg(feature = "cuda")]
 pub use device::{
     measure_copy_bandwidth, CudaKv, CudaModel, FewRowGrid, KernelTime, MatmulKernels,
 };
+#[cfg(feature = "cuda")]
+pub use sampling::{DevicePicker, RowDraw};
+pub use tensorfold_sampling::{Draw, SeqRows};
 
 /// Whether attention runs on the tensor cores (queries, keys, weights and
 /// values rounded to f16) for heads `head_dim` wide; other widths take f32

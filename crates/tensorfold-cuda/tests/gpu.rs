@@ -267,8 +267,9 @@ fn rows_narrower_than_32_inputs_run_and_stay_invariant() {
         .zip(&gpu)
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
+    // The CPU keeps keys and values in f16, the GPU in f32.
     assert!(
-        worst < 1e-4,
+        worst < 5e-3,
         "narrow model: GPU and CPU logits differ by {worst}"
     );
 }

@@ -9,6 +9,8 @@ use crate::EngineError;
 use std::str::FromStr;
 use tensorfold_kv::{Cache, KvCache};
 use tensorfold_models::{Forward, ForwardError, Model, Seq};
+use tensorfold_sampling::{Draw, SeqRows};
+use tensorfold_scheduler::PickingForward;
 
 /// The device asked for (`--backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -268,6 +270,33 @@ impl Forward for Target<'_> {
                 })?,
             ),
         }
+    }
+}
+
+/// A CUDA GPU picks the rows of sequences with a draw itself; the other
+/// devices hand every row to the host, which picks by the same rule.
+impl PickingForward for Target<'_> {
+    fn forward_picked(
+        &self,
+        seqs: &mut [Seq<'_, DeviceCache>],
+        draws: &[Option<Draw>],
+    ) -> Result<Vec<SeqRows>, ForwardError> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(gpu) = self.device {
+            let mut seqs = on_device(seqs, |c| match c {
+                DeviceCache::Cuda(c) => Some(c),
+                _ => None,
+            })?;
+            return gpu
+                .forward_batch_picked(&mut seqs, draws)
+                .map_err(|e| ForwardError(e.to_string()));
+        }
+        let _ = draws;
+        Ok(self
+            .forward_batch(seqs)?
+            .into_iter()
+            .map(SeqRows::Logits)
+            .collect())
     }
 }
 

@@ -127,6 +127,21 @@ impl Client for Reply<'_> {
         self.sampler.pick(position, &masked)
     }
 
+    fn draw(&self, rows: usize) -> Option<tensorfold_sampling::Draw> {
+        // A grammar masks rows and log-probabilities read them; a thinking
+        // budget may force the tokens of the reply indices it covers.
+        if self.constraint.is_some() || self.req.logprobs.is_some() {
+            return None;
+        }
+        let first = self.tokens.len();
+        if let Some(budget) = &self.req.thinking_budget {
+            if (first..first + rows).any(|k| budget.covers(k)) {
+                return None;
+            }
+        }
+        Some(self.sampler.draw())
+    }
+
     fn drafts(&mut self, drafts: Vec<u32>) -> Vec<u32> {
         let drafts = match &self.constraint {
             Some(c) => c.borrow_mut().cut_drafts(drafts),
@@ -136,7 +151,7 @@ impl Client for Reply<'_> {
         drafts
     }
 
-    fn accept(&mut self, token: u32, row: &[f32]) -> bool {
+    fn accept(&mut self, token: u32, row: Option<&[f32]>) -> bool {
         if self.finish.is_some() {
             return false;
         }
@@ -152,7 +167,9 @@ impl Client for Reply<'_> {
         if let Some(c) = &self.constraint {
             c.borrow_mut().accept(token);
         }
-        if let Some(n) = self.req.logprobs {
+        // A request for log-probabilities never lets its rows stay on the
+        // device (`draw`), so its row is here.
+        if let (Some(n), Some(row)) = (self.req.logprobs, row) {
             self.logprobs.push(token_logprob(row, token, n));
         }
         let delta = self.text.push(&self.engine.bundle().tokenizer, token);

@@ -49,6 +49,15 @@ impl Draw {
     }
 }
 
+/// A sequence's requested logits rows as a forward hands them back: the
+/// rows themselves, or, where the device picked them by this rule, only
+/// the picked tokens (one per row, in row order).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqRows {
+    Logits(Vec<f32>),
+    Picks(Vec<u32>),
+}
+
 /// splitmix64's finaliser: a well-mixed 64-bit hash step.
 pub fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

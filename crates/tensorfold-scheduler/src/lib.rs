@@ -7,6 +7,12 @@
 //! because the model's arithmetic for a row does not depend on the other
 //! rows of the call, each stream's tokens are those it would get alone.
 //!
+//! A stream whose picks are the sampling rule's alone this round (no
+//! grammar, no forced token, no log-probabilities: [`Client::draw`]) lets
+//! the forward pick its rows where the logits are ([`PickingForward`]);
+//! the rule gives the same token on every device, so where its rows are
+//! picked never changes its tokens.
+//!
 //! ```
 //! use tensorfold_kv::KvCache;
 //! use tensorfold_models::synth::{self, SynthSpec};
@@ -19,7 +25,7 @@
 //!     fn pick(&self, _position: usize, row: &[f32]) -> u32 {
 //!         (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
 //!     }
-//!     fn accept(&mut self, token: u32, _row: &[f32]) -> bool {
+//!     fn accept(&mut self, token: u32, _row: Option<&[f32]>) -> bool {
 //!         self.0.push(token);
 //!         true
 //!     }
@@ -46,7 +52,8 @@ pub mod memory;
 
 use std::time::{Duration, Instant};
 use tensorfold_kv::{Cache, KvCache};
-use tensorfold_models::{Forward, ForwardError, Logits, Seq};
+use tensorfold_models::{Forward, ForwardError, Logits, Model, Seq};
+use tensorfold_sampling::{Draw, SeqRows};
 use tensorfold_spec::{accept, DraftStats, Drafter};
 
 /// What a stream's owner decides: which token a row gives, and what to do
@@ -54,9 +61,17 @@ use tensorfold_spec::{accept, DraftStats, Drafter};
 pub trait Client {
     /// The token at absolute `position` given that row's logits.
     fn pick(&self, position: usize, row: &[f32]) -> u32;
-    /// Takes the next token (picked from `row`); returns whether the stream
-    /// goes on.
-    fn accept(&mut self, token: u32, row: &[f32]) -> bool;
+    /// Takes the next token, picked from `row` (`None` where the forward
+    /// picked it by [`Client::draw`] and the row stayed on the device);
+    /// returns whether the stream goes on.
+    fn accept(&mut self, token: u32, row: Option<&[f32]>) -> bool;
+    /// The sampling rule's draw, when this round's `rows` rows (after the
+    /// drafts were set) are picked by it alone: `pick` would return
+    /// `tensorfold_sampling::pick(&draw, position, row)` for each of them,
+    /// and `accept` needs no row. The forward may then pick them itself.
+    fn draw(&self, _rows: usize) -> Option<Draw> {
+        None
+    }
     /// The drafts a round will verify after the pending token. A client
     /// whose picks are constrained (a grammar) cuts them where they could
     /// never be kept and reads them to pick the rows that follow them.
@@ -74,6 +89,34 @@ pub const MIN_PREFILL: usize = 32;
 
 /// Most drafts one stream verifies in a round.
 pub const MAX_DEPTH: usize = 8;
+
+/// A forward that may pick tokens where its logits are. Each sequence
+/// given a draw gets its requested rows back as the tokens the rule of
+/// `tensorfold-sampling` picks from them, each at the position its row
+/// predicts (the row's own position plus one), or, from a forward that
+/// does not pick, as the rows themselves, which the scheduler then picks
+/// on the host by the same rule.
+pub trait PickingForward: Forward {
+    fn forward_picked(
+        &self,
+        seqs: &mut [Seq<'_, Self::Cache>],
+        draws: &[Option<Draw>],
+    ) -> Result<Vec<SeqRows>, ForwardError>;
+}
+
+/// The CPU forward hands every row back: the host picks them.
+impl PickingForward for Model {
+    fn forward_picked(
+        &self,
+        seqs: &mut [Seq<'_, Self::Cache>],
+        _draws: &[Option<Draw>],
+    ) -> Result<Vec<SeqRows>, ForwardError> {
+        Ok(Forward::forward_batch(self, seqs)?
+            .into_iter()
+            .map(SeqRows::Logits)
+            .collect())
+    }
+}
 
 /// A stream's handle, unique within its scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -221,7 +264,7 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
     /// Runs one round: a single forward over every stream's rows. Returns
     /// the streams that ended; when the forward fails, every stream ends
     /// with its error.
-    pub fn round<F: Forward<Cache = K>>(&mut self, model: &F) -> Vec<Finished<C, K>> {
+    pub fn round<F: PickingForward<Cache = K>>(&mut self, model: &F) -> Vec<Finished<C, K>> {
         let mut done = self.take(|s| s.cancelled);
         let started = Instant::now();
         let rows = self.plan();
@@ -229,6 +272,18 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
         if total == 0 {
             return done;
         }
+        let draws: Vec<Option<Draw>> = self
+            .streams
+            .iter()
+            .zip(&rows)
+            .map(|(s, r)| match r {
+                Rows::Decode(t) => s.client.draw(t.len()),
+                Rows::Prefill(chunk) if s.prefilled + chunk.len() == s.prompt.len() => {
+                    s.client.draw(1)
+                }
+                _ => None,
+            })
+            .collect();
         let logits = {
             let mut seqs: Vec<Seq<'_, K>> = self
                 .streams
@@ -247,7 +302,7 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
                     }
                 })
                 .collect();
-            model.forward_batch(&mut seqs)
+            model.forward_picked(&mut seqs, &draws)
         };
         let logits = match logits {
             Ok(l) => l,
@@ -268,9 +323,9 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
                 Rows::Prefill(chunk) => {
                     s.prefilled += chunk.len();
                     if s.prefilled == s.prompt.len() {
-                        let token = s.client.pick(s.prompt.len(), &logits);
+                        let token = s.token(&logits, 0, s.prompt.len(), vocab);
                         s.first_token = Some(Instant::now());
-                        s.emit(token, &logits);
+                        s.emit(token, row(&logits, 0, vocab));
                     }
                 }
                 Rows::Decode(rows) => s.verify(&rows[1..], &logits, vocab, share),
@@ -355,9 +410,17 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
     }
 }
 
+/// Row `i` of a sequence's logits, `None` where the forward picked it.
+fn row(rows: &SeqRows, i: usize, vocab: usize) -> Option<&[f32]> {
+    match rows {
+        SeqRows::Logits(logits) => Some(&logits[i * vocab..][..vocab]),
+        SeqRows::Picks(_) => None,
+    }
+}
+
 impl<C: Client, K: Cache> Stream<C, K> {
     /// Hands `token` to the client; it stays pending while the stream goes on.
-    fn emit(&mut self, token: u32, row: &[f32]) -> bool {
+    fn emit(&mut self, token: u32, row: Option<&[f32]>) -> bool {
         self.produced += 1;
         let goes_on = self.produced <= self.budget
             && self.client.accept(token, row)
@@ -370,10 +433,19 @@ impl<C: Client, K: Cache> Stream<C, K> {
     }
 
     /// Keeps the drafts the client's picks agree with, then the bonus token.
-    fn verify(&mut self, drafts: &[u32], logits: &[f32], vocab: usize, elapsed: Duration) {
-        let row = |i: usize| &logits[i * vocab..(i + 1) * vocab];
+    /// Row `i`'s token, predicting `position`: the forward's pick, or the
+    /// client's from the row.
+    fn token(&self, rows: &SeqRows, i: usize, position: usize, vocab: usize) -> u32 {
+        match rows {
+            SeqRows::Picks(picks) => picks[i],
+            SeqRows::Logits(logits) => self.client.pick(position, &logits[i * vocab..][..vocab]),
+        }
+    }
+
+    fn verify(&mut self, drafts: &[u32], rows: &SeqRows, vocab: usize, elapsed: Duration) {
+        let row = |i: usize| row(rows, i, vocab);
         let base = self.cache.len() - drafts.len() - 1;
-        let (kept, bonus) = accept(drafts, |i| self.client.pick(base + 1 + i, row(i)));
+        let (kept, bonus) = accept(drafts, |i| self.token(rows, i, base + 1 + i, vocab));
         self.cache.truncate(base + 1 + kept);
         if let Some(d) = &mut self.drafter {
             d.observe(drafts.len(), kept, elapsed);
