@@ -48,7 +48,10 @@ proptest! {
 
     #[test]
     fn logits_do_not_depend_on_chunking(
-        arch in proptest::sample::select(vec![Arch::Llama, Arch::Qwen2, Arch::Qwen3]),
+        arch in proptest::sample::select(vec![
+            Arch::Llama, Arch::Qwen2, Arch::Qwen3, Arch::Qwen3Moe, Arch::Mistral, Arch::Phi3,
+            Arch::Gemma3, Arch::Gemma2, Arch::Mixtral,
+        ]),
         format in proptest::sample::select(FORMATS.to_vec()),
         seed in 0u64..4,
         tokens in proptest::collection::vec(0u32..259, 2..40),

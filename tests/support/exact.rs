@@ -64,6 +64,27 @@ fn subjects(full: bool) -> Vec<Subject> {
             heavy: false,
         },
     ];
+    // Every family with a plan of its own: experts, windows, soft caps,
+    // fused weights (Mistral in its Hugging Face layout, whose window GGUF
+    // files do not carry).
+    let families = [
+        (Arch::Qwen3Moe, Format::Q4K, 31, true),
+        (Arch::Mistral, Format::Bf16, 32, false),
+        (Arch::Phi3, Format::Q5_0, 33, true),
+        (Arch::Gemma3, Format::Q4_1, 34, true),
+        (Arch::Gemma2, Format::Bf16, 35, false),
+        (Arch::Mixtral, Format::Q6K, 36, true),
+    ];
+    for (arch, format, seed, gguf) in families {
+        let name = format!("tiny-{}-{}", arch.name(), format.name().to_lowercase());
+        out.push(Subject {
+            target: tiny(&format!("exact-{}", &name[5..]), arch, format, seed, gguf),
+            name,
+            draft: Some(tiny_draft.clone()),
+            chat: true,
+            heavy: false,
+        });
+    }
     let m = models_dir();
     let real = [
         (

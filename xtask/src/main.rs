@@ -1,6 +1,7 @@
 //! Project tasks: `cargo xtask models`, `cargo xtask bench`, `cargo xtask test`,
-//! `cargo xtask fuzz`, `cargo xtask soak`.
+//! `cargo xtask fuzz`, `cargo xtask soak`, `cargo xtask agree`.
 
+mod agree;
 mod bench;
 mod fuzz;
 mod peer;
@@ -61,6 +62,9 @@ enum Task {
         #[arg(long, default_value = "cpu")]
         backend: String,
     },
+    /// Greedy replies of every family against llama.cpp's on the same
+    /// random-weight GGUFs.
+    Agree(agree::AgreeArgs),
     /// Every cargo-fuzz target in fuzz/, one after another.
     Fuzz(fuzz::FuzzArgs),
     /// The release server under sustained mixed load with hang-ups.
@@ -74,6 +78,7 @@ fn main() -> Result<()> {
         Task::Test => test(),
         Task::Plot { report } => peer::replot(&report),
         Task::Fuzz(args) => fuzz::run(args),
+        Task::Agree(args) => agree::run(args),
         Task::Soak(args) => soak::run(args),
         Task::Exact { fast, backend } => {
             fetch(false)?;

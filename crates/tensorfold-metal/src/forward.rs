@@ -154,6 +154,14 @@ impl MetalModel {
 
     /// Copies `model`'s weights (as f32) to `device`.
     pub fn upload_to(model: &Model, device: Device) -> Result<MetalModel> {
+        let missing = model.config.plan.features();
+        if !missing.is_empty() {
+            return Err(crate::MetalError::Unsupported(format!(
+                "{} ({})",
+                missing.join(", "),
+                model.config.arch.name()
+            )));
+        }
         let d = &device;
         let blocks = model
             .blocks
@@ -269,7 +277,7 @@ impl MetalModel {
         let c = &self.config;
         let half = c.head_dim / 2;
         let angles: Vec<f64> = (0..half)
-            .map(|i| pos as f64 * c.rope_theta.powf(-((2 * i) as f64) / c.head_dim as f64))
+            .map(|i| tensorfold_models::rotary_angle(c.rope_theta, c.head_dim, i, pos))
             .collect();
         let cos: Vec<f32> = angles.iter().map(|a| a.cos() as f32).collect();
         let sin: Vec<f32> = angles.iter().map(|a| a.sin() as f32).collect();

@@ -28,6 +28,9 @@ pub enum MetalError {
     /// The platform has no Metal device.
     #[error("Metal needs macOS with an Apple GPU")]
     NoDevice,
+    /// The model's plan has parts this forward does not run.
+    #[error("not supported on Metal: {0}; run it on the CPU")]
+    Unsupported(String),
 }
 
 pub type Result<T> = std::result::Result<T, MetalError>;

@@ -114,3 +114,13 @@ fn without_macos_no_metal_device_is_offered() {
         assert!(MetalModel::upload(&tiny(Arch::Llama, Format::F32, 1)).is_err());
     }
 }
+
+#[test]
+fn a_plan_with_parts_this_forward_lacks_is_refused_by_name() {
+    let err = MetalModel::upload_to(&tiny(Arch::Qwen3Moe, Format::F32, 2), Device::Cpu)
+        .err()
+        .expect("experts are refused");
+    assert!(err.to_string().contains("mixture of experts"), "{err}");
+    // Phi-3's fused weights are split at load: its plan is the baseline.
+    assert!(MetalModel::upload_to(&tiny(Arch::Phi3, Format::F32, 2), Device::Cpu).is_ok());
+}

@@ -1,22 +1,36 @@
 //! The shape and hyper-parameters of a decoder, whatever file it came from.
 
+pub use crate::plan::Plan;
 use serde::Serialize;
 
-/// Supported model families.
+/// Supported model families (each one file of [`crate::family`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Arch {
     Llama,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
+    Mistral,
+    Mixtral,
+    Phi3,
+    Gemma2,
+    Gemma3,
 }
 
 impl Arch {
+    /// The family's short name.
     pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-        }
+        crate::family::of(self).name
+    }
+
+    /// `general.architecture` of the family's GGUF files.
+    pub fn gguf_name(self) -> &'static str {
+        crate::family::of(self).gguf_name
+    }
+
+    /// `architectures[0]` of the family's Hugging Face `config.json`.
+    pub fn hf_class(self) -> &'static str {
+        crate::family::of(self).hf_class
     }
 }
 
@@ -51,15 +65,22 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Per-head RMSNorm on q and k before rotation (qwen3).
     pub qk_norm: bool,
+    /// The block's parts beyond the Llama baseline.
+    pub plan: Plan,
 }
 
 impl ModelConfig {
     /// Checks the shape is one the forward can run.
     pub fn validate(&self) -> Result<(), String> {
+        // A block of experts has no dense MLP: its width may be zero.
+        let dense_ff = match self.plan.experts {
+            Some(_) => 1,
+            None => self.intermediate_size,
+        };
         let nonzero = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
+            ("intermediate_size", dense_ff),
             ("layers", self.layers),
             ("heads", self.heads),
             ("kv_heads", self.kv_heads),
@@ -105,6 +126,23 @@ impl ModelConfig {
                 "{} heads do not group over {} kv heads",
                 self.heads, self.kv_heads
             ));
+        }
+        if let Some(e) = &self.plan.experts {
+            if e.count == 0 || e.used == 0 || e.used > e.count || e.ff == 0 {
+                return Err(format!(
+                    "{} of {} experts with width {} cannot route",
+                    e.used, e.count, e.ff
+                ));
+            }
+            if e.count > 1 << 12 || e.ff > 1 << 20 {
+                return Err(format!(
+                    "{} experts of width {} exceed the largest supported",
+                    e.count, e.ff
+                ));
+            }
+        }
+        if self.plan.sliding_window.is_some_and(|w| w.size == 0) {
+            return Err("sliding_window must be positive".into());
         }
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!(

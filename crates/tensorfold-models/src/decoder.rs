@@ -1,5 +1,6 @@
 //! The decoder forward shared by every family: embeddings, pre-norm
-//! attention and SwiGLU blocks, final norm, logits.
+//! attention and gated-MLP (or mixture-of-experts) blocks, final norm,
+//! logits, as the model's [`crate::plan::Plan`] says.
 //!
 //! Every step is row-local or reduces in a fixed order: matmuls through
 //! [`Matrix::matmul`], norms per row, rotary angles from the absolute
@@ -9,6 +10,8 @@
 
 use crate::attention::attention;
 use crate::config::{ModelConfig, RopeStyle};
+use crate::moe::{gated, mixture, ExpertWeights};
+use crate::plan::rotary_angle;
 use tensorfold_kv::KvCache;
 use tensorfold_quant::{sum_squares, Matrix};
 
@@ -25,9 +28,16 @@ pub struct Block {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// The dense MLP (empty matrices in a block of experts).
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
+    /// The routed experts that replace the dense MLP.
+    pub experts: Option<ExpertWeights>,
+    /// Norms of the attention output and of the MLP output, before each is
+    /// added to the residual (Gemma).
+    pub post_attn_norm: Option<Vec<f32>>,
+    pub post_ffn_norm: Option<Vec<f32>>,
 }
 
 /// A loaded decoder.
@@ -78,15 +88,12 @@ struct Rope {
 }
 
 impl Rope {
-    fn new(config: &ModelConfig, positions: impl Iterator<Item = usize>) -> Rope {
+    fn new(config: &ModelConfig, theta: f64, positions: impl Iterator<Item = usize>) -> Rope {
         let half = config.head_dim / 2;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for pos in positions {
             for i in 0..half {
-                let freq = config
-                    .rope_theta
-                    .powf(-((2 * i) as f64) / config.head_dim as f64);
-                let angle = pos as f64 * freq;
+                let angle = rotary_angle(theta, config.head_dim, i, pos);
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
             }
@@ -197,20 +204,31 @@ impl Model {
             return vec![Vec::new(); seqs.len()];
         }
         let starts: Vec<usize> = seqs.iter().map(|s| s.cache.len()).collect();
-        let rope = Rope::new(
-            c,
+        let positions = || {
             seqs.iter()
                 .zip(&starts)
-                .flat_map(|(s, &st)| st..st + s.tokens.len()),
-        );
+                .flat_map(|(s, &st)| st..st + s.tokens.len())
+        };
+        let p = &c.plan;
+        let rope = Rope::new(c, c.rope_theta, positions());
+        let local_rope = p.local_rope_theta.map(|t| Rope::new(c, t, positions()));
 
         let mut x = vec![0f32; m * h];
         let tokens = seqs.iter().flat_map(|s| s.tokens.iter());
         for (row, &t) in x.chunks_exact_mut(h).zip(tokens) {
             self.embed.row_f32(t as usize, row);
         }
+        if p.embed_scale {
+            let scale = (h as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
 
-        let (qw, kvw, ff) = (c.q_width(), c.kv_width(), c.intermediate_size);
+        // Blocks of experts have no dense MLP to hold rows for.
+        let ff = match p.experts {
+            Some(_) => 0,
+            None => c.intermediate_size,
+        };
+        let (qw, kvw) = (c.q_width(), c.kv_width());
         let mut xn = vec![0f32; m * h];
         let mut q = vec![0f32; m * qw];
         let mut k = vec![0f32; m * kvw];
@@ -233,6 +251,11 @@ impl Model {
             if let Some(w) = &b.k_norm {
                 rms_norm(&mut k, c.head_dim, w, c.rms_eps);
             }
+            let sliding = p.sliding_window.is_some_and(|w| w.applies_to(l));
+            let rope = match &local_rope {
+                Some(local) if sliding => local,
+                _ => &rope,
+            };
             for r in 0..m {
                 rope.apply(r, &mut q[r * qw..(r + 1) * qw], c.head_dim);
                 rope.apply(r, &mut k[r * kvw..(r + 1) * kvw], c.head_dim);
@@ -247,15 +270,24 @@ impl Model {
             }
 
             b.o.matmul(&attn, m, &mut proj);
+            if let Some(w) = &b.post_attn_norm {
+                rms_norm(&mut proj, h, w, c.rms_eps);
+            }
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += *p);
 
             xn.copy_from_slice(&x);
             rms_norm(&mut xn, h, &b.ffn_norm, c.rms_eps);
-            Matrix::matmul_each(&[&b.gate, &b.up], &xn, m, &mut [&mut gate, &mut up]);
-            gate.iter_mut()
-                .zip(&up)
-                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * *u);
-            b.down.matmul(&gate, m, &mut proj);
+            match (&p.experts, &b.experts) {
+                (Some(e), Some(w)) => mixture(e, w, p.activation, &xn, m, &mut proj),
+                _ => {
+                    Matrix::matmul_each(&[&b.gate, &b.up], &xn, m, &mut [&mut gate, &mut up]);
+                    gated(p.activation, &mut gate, &up);
+                    b.down.matmul(&gate, m, &mut proj);
+                }
+            }
+            if let Some(w) = &b.post_ffn_norm {
+                rms_norm(&mut proj, h, w, c.rms_eps);
+            }
             x.iter_mut().zip(&proj).for_each(|(x, p)| *x += *p);
         }
 
@@ -276,6 +308,9 @@ impl Model {
             rms_norm(&mut picked, h, &self.norm, c.rms_eps);
             let head = self.lm_head.as_ref().unwrap_or(&self.embed);
             head.matmul(&picked, n, &mut logits);
+            if let Some(cap) = c.plan.final_softcap {
+                logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+            }
         }
         let mut out = Vec::with_capacity(seqs.len());
         let mut rest = logits.as_slice();
@@ -306,6 +341,9 @@ impl Model {
                     + opt(&b.v_bias)
                     + opt(&b.q_norm)
                     + opt(&b.k_norm)
+                    + opt(&b.post_attn_norm)
+                    + opt(&b.post_ffn_norm)
+                    + b.experts.as_ref().map_or(0, ExpertWeights::bytes)
             })
             .sum();
         blocks
@@ -322,10 +360,12 @@ impl Model {
             .blocks
             .iter()
             .map(|b| {
+                let used = self.config.plan.experts.map_or(0, |e| e.used);
                 [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down]
                     .iter()
                     .map(|m| m.bytes())
                     .sum::<usize>()
+                    + b.experts.as_ref().map_or(0, |e| e.bytes_per_token(used))
             })
             .sum();
         blocks + head

@@ -150,7 +150,7 @@ impl GgufFile {
         let arch_name = md.str("general.architecture").ok_or_else(|| {
             ModelError::Malformed("GGUF metadata lacks general.architecture".into())
         })?;
-        let fam = family::by_gguf_name(arch_name).ok_or_else(|| {
+        let fam = family::by_gguf(arch_name, &md).ok_or_else(|| {
             ModelError::Unsupported(format!(
                 "architecture '{arch_name}' is not supported (supported: {})",
                 family::supported()
@@ -181,11 +181,29 @@ impl GgufFile {
         let head_dim = md
             .usize(&format!("{arch_name}.attention.key_length"))
             .unwrap_or(hidden / heads.max(1));
+        let plan = (fam.gguf_plan)(&md)?;
+        if let Some(n) = md
+            .usize(&format!("{arch_name}.expert_count"))
+            .filter(|n| *n > 0 && plan.experts.is_none())
+        {
+            return Err(ModelError::Unsupported(format!(
+                "architecture '{arch_name}' with {n} experts: TensorFold routes experts only \
+                 for {}",
+                family::with_experts()
+            )));
+        }
+        let dense_ff = match plan.experts {
+            // An MoE file may state no dense width: the blocks have none.
+            Some(_) => md
+                .usize(&format!("{arch_name}.feed_forward_length"))
+                .unwrap_or(0),
+            None => need("feed_forward_length")?,
+        };
         Ok(ModelConfig {
             arch: fam.arch,
             vocab_size: vocab,
             hidden_size: hidden,
-            intermediate_size: need("feed_forward_length")?,
+            intermediate_size: dense_ff,
             layers: need("block_count")?,
             heads,
             kv_heads: md
@@ -203,6 +221,7 @@ impl GgufFile {
             tied_embeddings: !self.content.tensor_infos.contains_key("output.weight"),
             qkv_bias: fam.qkv_bias,
             qk_norm: fam.qk_norm,
+            plan,
         })
     }
 
@@ -263,17 +282,26 @@ fn check_tensors(content: &Content, alignment: u64, file_len: u64) -> Result<()>
     Ok(())
 }
 
-impl TensorSource for GgufFile {
-    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+impl GgufFile {
+    /// Reads `rows x cols` elements of tensor `name` from its element
+    /// `first_row * cols` on.
+    fn read_rows(
+        &mut self,
+        name: &str,
+        total_rows: usize,
+        first_row: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
         let info = self
             .content
             .tensor_infos
             .get(name)
             .ok_or_else(|| ModelError::Malformed(format!("GGUF file has no tensor {name}")))?;
         let elems = info.shape.elem_count();
-        if elems != rows * cols {
+        if elems != total_rows * cols || info.shape.dims().last() != Some(&cols) {
             return Err(ModelError::Malformed(format!(
-                "tensor {name} has shape {:?}, expected {rows}x{cols}",
+                "tensor {name} has shape {:?}, expected {total_rows}x{cols}",
                 info.shape.dims()
             )));
         }
@@ -281,7 +309,9 @@ impl TensorSource for GgufFile {
             ModelError::Unsupported(format!("tensor {name}: {:?}", info.ggml_dtype))
         })?;
         let mut bytes = vec![0u8; format.matrix_bytes(rows, cols)];
-        let start = self.content.tensor_data_offset + info.offset;
+        let start = self.content.tensor_data_offset
+            + info.offset
+            + format.matrix_bytes(first_row, cols) as u64;
         let path = self.path.clone();
         self.file
             .seek(SeekFrom::Start(start))
@@ -293,5 +323,23 @@ impl TensorSource for GgufFile {
             ))
         })?;
         Ok(Matrix::from_bytes(format, rows, cols, &bytes)?)
+    }
+}
+
+impl TensorSource for GgufFile {
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        self.read_rows(name, rows, 0, rows, cols)
+    }
+
+    /// Every expert's matrix lies whole in one 3-D tensor, expert after expert.
+    fn expert(
+        &mut self,
+        name: &str,
+        e: usize,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        self.read_rows(name, count * rows, e * rows, rows, cols)
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::config::{ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::family;
+use crate::family::{self, Family};
 use crate::mlx::MlxQuantization;
 use crate::weights::TensorSource;
 use memmap2::Mmap;
@@ -30,6 +30,8 @@ pub struct HfDir {
     shards: Vec<Shard>,
     /// Tensor name -> shard index.
     index: HashMap<String, usize>,
+    /// The family `config.json` names, when supported.
+    family: Option<Family>,
 }
 
 pub(crate) fn read_json(path: &Path) -> Result<Value> {
@@ -38,8 +40,11 @@ pub(crate) fn read_json(path: &Path) -> Result<Value> {
         .map_err(|e| ModelError::Malformed(format!("{}: {e}", path.display())))
 }
 
-/// The Hugging Face name of a GGUF tensor name.
-pub(crate) fn hf_name_of(gguf: &str) -> String {
+/// The Hugging Face name of a GGUF tensor name in `fam`'s checkpoints.
+pub(crate) fn hf_name_of(gguf: &str, fam: &Family) -> String {
+    if let Some(name) = (fam.hf_name)(gguf) {
+        return name;
+    }
     match gguf {
         "token_embd.weight" => return "model.embed_tokens.weight".into(),
         "output_norm.weight" => return "model.norm.weight".into(),
@@ -104,8 +109,12 @@ impl HfDir {
                 meta,
             });
         }
+        let family = config["architectures"][0]
+            .as_str()
+            .and_then(family::by_hf_class);
         Ok(HfDir {
             dir: dir.to_path_buf(),
+            family,
             config,
             quant,
             shards,
@@ -190,11 +199,25 @@ impl HfDir {
             .unwrap_or(10_000.0);
         let tied = c["tie_word_embeddings"].as_bool().unwrap_or(false)
             || !self.index.contains_key("lm_head.weight");
+        let plan = (fam.hf_plan)(c)?;
+        let experts = ["num_local_experts", "num_experts", "n_routed_experts"]
+            .iter()
+            .find_map(|k| c[*k].as_u64().filter(|n| *n > 0));
+        if let Some(n) = experts.filter(|_| plan.experts.is_none()) {
+            return Err(ModelError::Unsupported(format!(
+                "architecture '{class}' with {n} experts: TensorFold routes experts only for {}",
+                family::with_experts()
+            )));
+        }
+        let dense_ff = match plan.experts {
+            Some(_) => c["intermediate_size"].as_u64().map_or(0, |v| v as usize),
+            None => need("intermediate_size")?,
+        };
         Ok(ModelConfig {
             arch: fam.arch,
             vocab_size: need("vocab_size")?,
             hidden_size: hidden,
-            intermediate_size: need("intermediate_size")?,
+            intermediate_size: dense_ff,
             layers: need("num_hidden_layers")?,
             heads,
             kv_heads: c["num_key_value_heads"]
@@ -212,6 +235,7 @@ impl HfDir {
             tied_embeddings: tied,
             qkv_bias: fam.qkv_bias || c["attention_bias"].as_bool().unwrap_or(false),
             qk_norm: fam.qk_norm,
+            plan,
         })
     }
 }
@@ -307,9 +331,40 @@ fn float_format(name: &str, dtype: Dtype) -> Result<Format> {
     }
 }
 
+impl HfDir {
+    pub(crate) fn family(&self) -> Result<&Family> {
+        self.family.as_ref().ok_or_else(|| {
+            ModelError::Unsupported(format!(
+                "{}: config.json names no supported architecture",
+                self.dir.display()
+            ))
+        })
+    }
+}
+
 impl TensorSource for HfDir {
+    fn expert(
+        &mut self,
+        name: &str,
+        e: usize,
+        _count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        let hf = (self.family()?.hf_expert)(name, e);
+        self.hf_matrix(&hf, rows, cols)
+    }
+
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
-        let hf = hf_name_of(name);
+        let hf = hf_name_of(name, self.family()?);
+        self.hf_matrix(&hf, rows, cols)
+    }
+}
+
+impl HfDir {
+    /// The weight `hf` (a Hugging Face name) as a `rows x cols` matrix.
+    fn hf_matrix(&self, hf: &str, rows: usize, cols: usize) -> Result<Matrix> {
+        let hf = hf.to_owned();
         if let Some(module) = self.affine_module(&hf) {
             let (shape, enc) = self.affine_layout(module)?;
             let Encoding::Affine(spec, dtype) = enc else {
@@ -355,7 +410,9 @@ impl TensorSource for HfDir {
 
 #[cfg(test)]
 mod tests {
-    use super::hf_name_of as hf_name;
+    fn hf_name(gguf: &str) -> String {
+        super::hf_name_of(gguf, crate::family::of(crate::Arch::Llama))
+    }
 
     #[test]
     fn gguf_names_map_to_hf_names() {

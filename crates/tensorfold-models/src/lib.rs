@@ -23,8 +23,11 @@ mod error;
 mod family;
 mod gguf;
 mod gguf_scan;
+mod header_check;
 mod hf;
 pub mod mlx;
+mod moe;
+mod plan;
 pub mod synth;
 mod tokenizer;
 mod weights;
@@ -34,6 +37,8 @@ pub use decoder::{Block, Forward, ForwardError, Logits, Model, Seq};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;
+pub use moe::ExpertWeights;
+pub use plan::{rotary_angle, Activation, Experts, NormKind, Plan, SlidingWindow};
 pub use tensorfold_quant::{set_float_products, Affine, Encoding, Format, QuantRule, ScaleDtype};
 
 use serde::Serialize;
@@ -89,20 +94,35 @@ pub fn inspect(path: &Path) -> Result<ModelInfo> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
         });
     }
+    let elements = |shape: &Vec<usize>| shape.iter().product::<usize>();
     let (layout, config, tensors) = if is_gguf(path) {
         let f = GgufFile::open(path)?;
-        let tensors = f.tensors()?;
-        let tensors = tensors.into_iter().map(|(n, s, f)| (n, s, f.into()));
-        (
-            "gguf",
-            f.config()?,
-            tensors.collect::<Vec<(_, _, Encoding)>>(),
-        )
+        let config = f.config()?;
+        config.validate().map_err(ModelError::Malformed)?;
+        let tensors: Vec<(String, Vec<usize>, Encoding)> = f
+            .tensors()?
+            .into_iter()
+            .map(|(n, s, f)| (n, s, f.into()))
+            .collect();
+        let names = tensors.iter().map(|(n, s, _)| (n.clone(), elements(s)));
+        header_check::check(&config, names, &|gguf, _| vec![gguf.to_owned()], true)?;
+        ("gguf", config, tensors)
     } else {
         let d = HfDir::open(path)?;
-        ("huggingface", d.config()?, d.tensors()?)
+        let config = d.config()?;
+        config.validate().map_err(ModelError::Malformed)?;
+        let tensors = d.tensors()?;
+        let fam = d.family()?;
+        let names = tensors.iter().map(|(n, s, _)| (n.clone(), elements(s)));
+        let namer = |gguf: &str, expert: Option<usize>| match expert {
+            Some(e) => vec![(fam.hf_expert)(gguf, e)],
+            None => vec![hf::hf_name_of(gguf, fam)],
+        };
+        // Checkpoints carry extras (a tied head, rotary buffers): only
+        // missing tensors are refused.
+        header_check::check(&config, names, &namer, false)?;
+        ("huggingface", config, tensors)
     };
-    config.validate().map_err(ModelError::Malformed)?;
     let mut formats = BTreeMap::new();
     let (mut parameters, mut weight_bytes) = (0, 0);
     for (_, shape, encoding) in &tensors {

@@ -200,9 +200,21 @@ pub(crate) fn hf_config(c: &ModelConfig, bos: Option<u32>, eos: &[u32]) -> Value
 /// are written in f32; GGUF Llama q/k rows are put back in the Hugging Face
 /// rotary order.
 pub fn write(bundle: &Bundle, opts: &QuantizeOptions, dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
     let model = &bundle.model;
     let c = &model.config;
+    let missing = c.plan.features();
+    if !missing.is_empty() || family::of(c.arch).fused {
+        return Err(ModelError::Unsupported(format!(
+            "MLX export of {} writes Llama-shaped blocks only (this plan has {})",
+            c.arch.name(),
+            if missing.is_empty() {
+                "fused weights".to_string()
+            } else {
+                missing.join(", ")
+            }
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
     let unpermute = c.rope_style == RopeStyle::Interleaved;
     // (name, dtype, shape, bytes), in the order written.
     let mut out: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();

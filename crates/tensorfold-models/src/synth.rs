@@ -9,7 +9,9 @@
 
 use crate::config::{Arch, ModelConfig, RopeStyle};
 use crate::error::{ModelError, Result};
+use crate::family;
 use crate::mlx::{MlxQuantization, QuantizeOptions};
+use crate::plan::{Activation, Experts, Plan, SlidingWindow};
 use crate::weights::TensorSource;
 use crate::{Bundle, GenerationDefaults};
 use candle_core::quantized::{ggml_file::qtensor_from_ggml, gguf_file, GgmlDType, QTensor};
@@ -49,6 +51,10 @@ pub struct SynthSpec {
     /// Storage of the 2-D weights (norms stay f32).
     pub format: Format,
     pub seed: u64,
+    /// The family's parts, as the forward runs them (norm weights as
+    /// multiplied: a Gemma file stores them as its layout says).
+    pub plan: Plan,
+    pub rope_theta: f64,
 }
 
 impl SynthSpec {
@@ -64,10 +70,21 @@ impl SynthSpec {
             kv_heads: 2,
             head_dim: if wide { 64 } else { 16 },
             max_positions: 512,
-            tied_embeddings: arch != Arch::Qwen2,
+            tied_embeddings: !matches!(arch, Arch::Qwen2 | Arch::Phi3),
             format,
             seed,
+            plan: tiny_plan(arch, if wide { 512 } else { 128 }),
+            rope_theta: if arch == Arch::Gemma3 {
+                1_000_000.0
+            } else {
+                10_000.0
+            },
         }
+        .with_layers(if arch == Arch::Gemma3 { 6 } else { 2 })
+    }
+
+    fn with_layers(self, layers: usize) -> SynthSpec {
+        SynthSpec { layers, ..self }
     }
 
     /// A tiny model whose rows fit the groups of `quant` (64 wide for
@@ -96,18 +113,63 @@ impl SynthSpec {
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
             rms_eps: 1e-6,
-            rope_theta: 10000.0,
+            rope_theta: self.rope_theta,
             rope_style: RopeStyle::Half,
             max_positions: self.max_positions,
             tied_embeddings: self.tied_embeddings,
-            qkv_bias: self.arch == Arch::Qwen2,
-            qk_norm: self.arch == Arch::Qwen3,
+            qkv_bias: family::of(self.arch).qkv_bias,
+            qk_norm: family::of(self.arch).qk_norm,
+            plan: self.plan,
         }
     }
 
     /// 256 byte symbols plus the control tokens.
     pub fn vocab_size(&self) -> usize {
         256 + SPECIALS.len()
+    }
+}
+
+/// A tiny model's plan: small windows, so short tests cross them.
+fn tiny_plan(arch: Arch, ff: usize) -> Plan {
+    let window = |global_every| {
+        Some(SlidingWindow {
+            size: 8,
+            global_every,
+        })
+    };
+    let experts = Some(Experts {
+        count: 4,
+        used: 2,
+        ff,
+        norm_top_k: true,
+    });
+    let gemma = Plan {
+        activation: Activation::GeluTanh,
+        embed_scale: true,
+        post_norms: true,
+        ..Plan::default()
+    };
+    match arch {
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => Plan::default(),
+        Arch::Qwen3Moe | Arch::Mixtral => Plan {
+            experts,
+            ..Plan::default()
+        },
+        Arch::Mistral => Plan {
+            sliding_window: window(None),
+            ..Plan::default()
+        },
+        Arch::Gemma2 => Plan {
+            sliding_window: window(Some(2)),
+            attn_softcap: Some(50.0),
+            final_softcap: Some(30.0),
+            ..gemma
+        },
+        Arch::Gemma3 => Plan {
+            sliding_window: window(Some(6)),
+            local_rope_theta: Some(10_000.0),
+            ..gemma
+        },
     }
 }
 
@@ -175,48 +237,101 @@ impl Rng {
     }
 }
 
-/// Every tensor of the model, by GGUF name: (name, rows, cols, values, is_matrix).
-fn tensors(spec: &SynthSpec) -> Vec<(String, usize, usize, Vec<f32>, bool)> {
+/// One random tensor, by GGUF name: `experts` matrices of `rows x cols`
+/// one after another (1 for a plain tensor); `matrix` is false for norms
+/// and biases (1-D, f32).
+struct Tensor {
+    name: String,
+    experts: usize,
+    rows: usize,
+    cols: usize,
+    values: Vec<f32>,
+    matrix: bool,
+}
+
+impl Tensor {
+    /// Expert `e`'s values.
+    fn expert(&self, e: usize) -> &[f32] {
+        &self.values[e * self.rows * self.cols..][..self.rows * self.cols]
+    }
+}
+
+/// Every tensor of the model.
+fn tensors(spec: &SynthSpec) -> Vec<Tensor> {
     let mut rng = Rng(spec.seed);
     let (h, ff, v) = (spec.hidden_size, spec.intermediate_size, spec.vocab_size());
     let (qw, kvw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+    let fused = family::of(spec.arch).fused;
     let mut out = Vec::new();
-    let mut matrix = |out: &mut Vec<_>, name: String, rows: usize, cols: usize| {
-        let scale = 1.0 / (cols as f32).sqrt();
-        let vals = (0..rows * cols).map(|_| rng.next() * scale * 1.7).collect();
-        out.push((name, rows, cols, vals, true));
-    };
-    matrix(&mut out, "token_embd.weight".into(), v, h);
+    let mut matrices =
+        |out: &mut Vec<_>, name: String, experts: usize, rows: usize, cols: usize| {
+            let scale = 1.0 / (cols as f32).sqrt();
+            let values = (0..experts * rows * cols)
+                .map(|_| rng.next() * scale * 1.7)
+                .collect();
+            out.push(Tensor {
+                name,
+                experts,
+                rows,
+                cols,
+                values,
+                matrix: true,
+            });
+        };
+    matrices(&mut out, "token_embd.weight".into(), 1, v, h);
     let mut norms = Vec::new();
+    let c = spec.config();
     for i in 0..spec.layers {
         let n = |s: &str| format!("blk.{i}.{s}");
-        matrix(&mut out, n("attn_q.weight"), qw, h);
-        matrix(&mut out, n("attn_k.weight"), kvw, h);
-        matrix(&mut out, n("attn_v.weight"), kvw, h);
-        matrix(&mut out, n("attn_output.weight"), h, qw);
-        matrix(&mut out, n("ffn_gate.weight"), ff, h);
-        matrix(&mut out, n("ffn_up.weight"), ff, h);
-        matrix(&mut out, n("ffn_down.weight"), h, ff);
+        if fused {
+            matrices(&mut out, n("attn_qkv.weight"), 1, qw + 2 * kvw, h);
+        } else {
+            matrices(&mut out, n("attn_q.weight"), 1, qw, h);
+            matrices(&mut out, n("attn_k.weight"), 1, kvw, h);
+            matrices(&mut out, n("attn_v.weight"), 1, kvw, h);
+        }
+        matrices(&mut out, n("attn_output.weight"), 1, h, qw);
+        match spec.plan.experts {
+            Some(e) => {
+                matrices(&mut out, n("ffn_gate_inp.weight"), 1, e.count, h);
+                matrices(&mut out, n("ffn_gate_exps.weight"), e.count, e.ff, h);
+                matrices(&mut out, n("ffn_up_exps.weight"), e.count, e.ff, h);
+                matrices(&mut out, n("ffn_down_exps.weight"), e.count, h, e.ff);
+            }
+            None if fused => {
+                matrices(&mut out, n("ffn_up.weight"), 1, 2 * ff, h);
+                matrices(&mut out, n("ffn_down.weight"), 1, h, ff);
+            }
+            None => {
+                matrices(&mut out, n("ffn_gate.weight"), 1, ff, h);
+                matrices(&mut out, n("ffn_up.weight"), 1, ff, h);
+                matrices(&mut out, n("ffn_down.weight"), 1, h, ff);
+            }
+        }
         norms.push((n("attn_norm.weight"), h));
         norms.push((n("ffn_norm.weight"), h));
-        if spec.arch == Arch::Qwen2 {
+        if spec.plan.post_norms {
+            norms.push((n("post_attention_norm.weight"), h));
+            norms.push((n("post_ffw_norm.weight"), h));
+        }
+        if c.qkv_bias {
             norms.push((n("attn_q.bias"), qw));
             norms.push((n("attn_k.bias"), kvw));
             norms.push((n("attn_v.bias"), kvw));
         }
-        if spec.arch == Arch::Qwen3 {
+        if c.qk_norm {
             norms.push((n("attn_q_norm.weight"), spec.head_dim));
             norms.push((n("attn_k_norm.weight"), spec.head_dim));
         }
     }
     if !spec.tied_embeddings {
-        matrix(&mut out, "output.weight".into(), v, h);
+        matrices(&mut out, "output.weight".into(), 1, v, h);
     }
     norms.push(("output_norm.weight".into(), h));
     let mut rng = Rng(spec.seed ^ 0xA5A5);
     for (name, len) in norms {
         let bias = name.ends_with(".bias");
-        let vals = (0..len)
+        let values = (0..len)
             .map(|_| {
                 if bias {
                     rng.next() * 0.1
@@ -225,13 +340,79 @@ fn tensors(spec: &SynthSpec) -> Vec<(String, usize, usize, Vec<f32>, bool)> {
                 }
             })
             .collect();
-        out.push((name, 1, len, vals, false));
+        out.push(Tensor {
+            name,
+            experts: 1,
+            rows: 1,
+            cols: len,
+            values,
+            matrix: false,
+        });
     }
     out
 }
 
+/// Whether a layout stores norm weights as `w` around zero (the forward
+/// multiplies by `1 + w`): Gemma's Hugging Face files.
+fn offset_norms(spec: &SynthSpec, name: &str) -> bool {
+    matches!(spec.arch, Arch::Gemma2 | Arch::Gemma3) && name.ends_with("norm.weight")
+}
+
 fn io(path: &Path) -> impl Fn(std::io::Error) -> ModelError + '_ {
     move |e| ModelError::io(path, e)
+}
+
+/// The `config.json` of a spec.
+fn hf_config(spec: &SynthSpec) -> serde_json::Value {
+    let mut config = serde_json::json!({
+        "architectures": [spec.arch.hf_class()],
+        "model_type": spec.arch.name(),
+        "vocab_size": spec.vocab_size(),
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": spec.max_positions,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": spec.rope_theta,
+        "tie_word_embeddings": spec.tied_embeddings,
+        "eos_token_id": 256 + 2,
+        "bos_token_id": 256,
+    });
+    let p = &spec.plan;
+    let mut set = |k: &str, v: serde_json::Value| config[k] = v;
+    if let Some(e) = p.experts {
+        set("num_experts_per_tok", e.used.into());
+        if spec.arch == Arch::Mixtral {
+            set("num_local_experts", e.count.into());
+        } else {
+            set("num_experts", e.count.into());
+            set("moe_intermediate_size", e.ff.into());
+            set("norm_topk_prob", e.norm_top_k.into());
+        }
+    }
+    if let Some(w) = p.sliding_window {
+        set("sliding_window", w.size.into());
+        if let Some(n) = w.global_every {
+            set("sliding_window_pattern", n.into());
+        }
+    }
+    if let Some(t) = p.local_rope_theta {
+        set("rope_local_base_freq", t.into());
+    }
+    if let Some(cap) = p.attn_softcap {
+        set("attn_logit_softcapping", (cap as f64).into());
+    }
+    if let Some(cap) = p.final_softcap {
+        set("final_logit_softcapping", (cap as f64).into());
+    }
+    if p.embed_scale {
+        set("query_pre_attn_scalar", spec.head_dim.into());
+        set("hidden_activation", "gelu_pytorch_tanh".into());
+    }
+    config
 }
 
 /// Writes a Hugging Face directory (config.json, tokenizer.json,
@@ -249,28 +430,7 @@ pub fn write_hf(dir: &Path, spec: &SynthSpec) -> Result<()> {
             )))
         }
     };
-    let class = match spec.arch {
-        Arch::Llama => "LlamaForCausalLM",
-        Arch::Qwen2 => "Qwen2ForCausalLM",
-        Arch::Qwen3 => "Qwen3ForCausalLM",
-    };
-    let config = serde_json::json!({
-        "architectures": [class],
-        "model_type": spec.arch.name(),
-        "vocab_size": spec.vocab_size(),
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size,
-        "num_hidden_layers": spec.layers,
-        "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "max_position_embeddings": spec.max_positions,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": spec.tied_embeddings,
-        "eos_token_id": 256 + 2,
-        "bos_token_id": 256,
-    });
+    let config = hf_config(spec);
     let write = |name: &str, text: String| std::fs::write(dir.join(name), text).map_err(io(dir));
     write(
         "config.json",
@@ -287,29 +447,44 @@ pub fn write_hf(dir: &Path, spec: &SynthSpec) -> Result<()> {
         .save(dir.join("tokenizer.json"), false)
         .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
 
-    let all = tensors(spec);
+    let fam = family::of(spec.arch);
     let mut bufs: Vec<(String, Vec<usize>, Vec<u8>, Dtype)> = Vec::new();
-    for (name, rows, cols, vals, is_matrix) in all {
-        let hf = crate::hf::hf_name_of(&name);
-        let (dt, fmt) = if is_matrix {
+    for t in tensors(spec) {
+        let (dt, fmt) = if t.matrix {
             (dtype, spec.format)
         } else {
             (Dtype::F32, Format::F32)
         };
-        let m = Matrix::from_f32(fmt, rows, cols, &vals)?;
-        let bytes: Vec<u8> = match m.storage() {
-            Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            Storage::Ggml(_) | Storage::Affine(_) => unreachable!("float format"),
-        };
-        debug_assert_eq!(bytes.len(), rows * cols * if is_matrix { width } else { 4 });
-        let shape = if is_matrix {
-            vec![rows, cols]
+        let names: Vec<String> = if t.experts > 1 {
+            (0..t.experts)
+                .map(|e| (fam.hf_expert)(&t.name, e))
+                .collect()
         } else {
-            vec![cols]
+            vec![crate::hf::hf_name_of(&t.name, fam)]
         };
-        bufs.push((hf, shape, bytes, dt));
+        for (e, hf) in names.into_iter().enumerate() {
+            let mut vals = t.expert(e).to_vec();
+            if offset_norms(spec, &t.name) {
+                vals.iter_mut().for_each(|v| *v -= 1.0);
+            }
+            let m = Matrix::from_f32(fmt, t.rows, t.cols, &vals)?;
+            let bytes: Vec<u8> = match m.storage() {
+                Storage::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Storage::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Storage::Bf16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                Storage::Ggml(_) | Storage::Affine(_) => unreachable!("float format"),
+            };
+            debug_assert_eq!(
+                bytes.len(),
+                t.rows * t.cols * if t.matrix { width } else { 4 }
+            );
+            let shape = if t.matrix {
+                vec![t.rows, t.cols]
+            } else {
+                vec![t.cols]
+            };
+            bufs.push((hf, shape, bytes, dt));
+        }
     }
     let views: Vec<(String, TensorView)> = bufs
         .iter()
@@ -354,22 +529,50 @@ fn storage_bytes(m: &Matrix) -> Vec<u8> {
     }
 }
 
+/// The GGUF keys of a spec's plan (those llama.cpp reads).
+fn plan_metadata(spec: &SynthSpec) -> Vec<(String, gguf_file::Value)> {
+    use gguf_file::Value;
+    let arch = spec.arch.gguf_name();
+    let p = &spec.plan;
+    let mut meta = Vec::new();
+    let mut put = |k: &str, v: Value| meta.push((format!("{arch}.{k}"), v));
+    if let Some(e) = p.experts {
+        put("expert_count", Value::U32(e.count as u32));
+        put("expert_used_count", Value::U32(e.used as u32));
+        if spec.arch != Arch::Mixtral {
+            put("expert_feed_forward_length", Value::U32(e.ff as u32));
+        }
+    }
+    // A `llama` GGUF carries no window (Mistral's files are Llama's).
+    if let Some(w) = p.sliding_window.filter(|_| arch != "llama") {
+        put("attention.sliding_window", Value::U32(w.size as u32));
+    }
+    if let Some(cap) = p.attn_softcap {
+        put("attn_logit_softcapping", Value::F32(cap));
+    }
+    if let Some(cap) = p.final_softcap {
+        put("final_logit_softcapping", Value::F32(cap));
+    }
+    meta
+}
+
 /// Writes a GGUF file with the tokenizer and ChatML template in its metadata.
 pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
     use gguf_file::Value;
-    let arch = spec.arch.name();
+    let arch = spec.arch.gguf_name();
     let mut qtensors: Vec<(String, QTensor)> = Vec::new();
-    for (name, rows, cols, vals, is_matrix) in tensors(spec) {
-        let fmt = if is_matrix { spec.format } else { Format::F32 };
-        let bytes = storage_bytes(&Matrix::from_f32(fmt, rows, cols, &vals)?);
-        let dims = if is_matrix {
-            vec![rows, cols]
-        } else {
-            vec![cols]
+    for t in tensors(spec) {
+        let fmt = if t.matrix { spec.format } else { Format::F32 };
+        let all_rows = t.experts * t.rows;
+        let bytes = storage_bytes(&Matrix::from_f32(fmt, all_rows, t.cols, &t.values)?);
+        let dims = match (t.matrix, t.experts) {
+            (false, _) => vec![t.cols],
+            (true, 1) => vec![t.rows, t.cols],
+            (true, n) => vec![n, t.rows, t.cols],
         };
         let q = qtensor_from_ggml(ggml_dtype(fmt), &bytes, dims, &candle_core::Device::Cpu)
             .map_err(|e| ModelError::Malformed(e.to_string()))?;
-        qtensors.push((name, q));
+        qtensors.push((t.name, q));
     }
     let tokens = vocab_tokens();
     let types: Vec<Value> = (0..tokens.len())
@@ -394,7 +597,10 @@ pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
             format!("{arch}.attention.layer_norm_rms_epsilon"),
             Value::F32(1e-6),
         ),
-        (format!("{arch}.rope.freq_base"), Value::F32(10000.0)),
+        (
+            format!("{arch}.rope.freq_base"),
+            Value::F32(spec.rope_theta as f32),
+        ),
         (format!("{arch}.context_length"), u32v(spec.max_positions)),
         ("tokenizer.ggml.model".into(), Value::String("gpt2".into())),
         ("tokenizer.ggml.pre".into(), Value::String("gpt2".into())),
@@ -411,6 +617,8 @@ pub fn write_gguf(path: &Path, spec: &SynthSpec) -> Result<()> {
             Value::String(CHATML_TEMPLATE.into()),
         ),
     ];
+    let mut meta = meta;
+    meta.extend(plan_metadata(spec));
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensor_refs: Vec<(&str, &QTensor)> =
         qtensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -438,6 +646,25 @@ impl TensorSource for MemSource {
         }
         Ok(Matrix::from_f32(Format::F32, rows, cols, v)?)
     }
+
+    fn expert(
+        &mut self,
+        name: &str,
+        e: usize,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix> {
+        let (r, c, v) = self
+            .0
+            .get(name)
+            .ok_or_else(|| ModelError::Malformed(format!("no synthetic tensor {name}")))?;
+        if *r != count * rows || *c != cols {
+            return Err(ModelError::Malformed(format!("{name}: {r}x{c}")));
+        }
+        let mine = &v[e * rows * cols..][..rows * cols];
+        Ok(Matrix::from_f32(Format::F32, rows, cols, mine)?)
+    }
 }
 
 /// Writes an MLX affine checkpoint of the random model: the same f32
@@ -446,7 +673,7 @@ impl TensorSource for MemSource {
 pub fn write_mlx(dir: &Path, spec: &SynthSpec, opts: &QuantizeOptions) -> Result<()> {
     let map = tensors(spec)
         .into_iter()
-        .map(|(name, rows, cols, vals, _)| (name, (rows, cols, vals)))
+        .map(|t| (t.name, (t.experts * t.rows, t.cols, t.values)))
         .collect();
     let model = crate::weights::build(spec.config(), &mut MemSource(map))?;
     let bundle = Bundle {

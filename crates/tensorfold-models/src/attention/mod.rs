@@ -51,7 +51,7 @@ fn attention_with(
     q: &[f32],
     out: &mut [f32],
 ) {
-    let shape = Shape::of(config);
+    let shape = Shape::of(config, layer);
     let rows = q.len() / shape.q_width;
     if rows == 0 {
         return;
@@ -107,15 +107,26 @@ struct Shape {
     group: usize,
     q_width: usize,
     scale: f32,
+    /// Keys a query sees when the layer slides: its own and the ones
+    /// before it, this many in all.
+    window: Option<usize>,
+    /// Scores become `cap * tanh(score / cap)`.
+    softcap: Option<f32>,
 }
 
 impl Shape {
-    fn of(c: &ModelConfig) -> Shape {
+    fn of(c: &ModelConfig, layer: usize) -> Shape {
+        let p = &c.plan;
         Shape {
             head_dim: c.head_dim,
             group: c.heads / c.kv_heads,
             q_width: c.q_width(),
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            scale: 1.0 / (p.query_scale_dim.unwrap_or(c.head_dim) as f32).sqrt(),
+            window: p
+                .sliding_window
+                .filter(|w| w.applies_to(layer))
+                .map(|w| w.size),
+            softcap: p.attn_softcap,
         }
     }
 }
@@ -194,8 +205,17 @@ fn fold_task<K: Kernels>(
             if pos < first {
                 continue;
             }
-            let count = (pos + 1 - first).min(BLOCK);
-            let (keys, values) = (&keys[..count * hd], &values[..count * hd]);
+            let end = (pos + 1 - first).min(BLOCK);
+            // A sliding layer's query skips the keys before its window
+            // (fixed by its position alone).
+            let skip = shape
+                .window
+                .map_or(0, |w| (pos + 1).saturating_sub(w).saturating_sub(first));
+            if skip >= end {
+                continue;
+            }
+            let count = end - skip;
+            let (keys, values) = (&keys[skip * hd..end * hd], &values[skip * hd..end * hd]);
             let row_states = &mut states[(r - rows.start) * task_heads..][..task_heads];
             let query = |g: usize| &q[r * shape.q_width + (first_head + g) * hd..][..hd];
             let mut g = 0;
@@ -206,6 +226,7 @@ fn fold_task<K: Kernels>(
                     values,
                     count,
                     scale: shape.scale,
+                    softcap: shape.softcap,
                 };
                 match heads {
                     [a, b, c, d] => step.fold(
@@ -241,6 +262,7 @@ struct Step<'a, K> {
     values: &'a [half::f16],
     count: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 impl<K: Kernels> Step<'_, K> {
@@ -261,6 +283,11 @@ impl<K: Kernels> Step<'_, K> {
             self.scale,
             weights.each_mut().map(|w| &mut **w),
         );
+        if let Some(cap) = self.softcap {
+            for w in weights.iter_mut().flat_map(|w| w.iter_mut()) {
+                *w = cap * (*w / cap).tanh();
+            }
+        }
         let mut states = states;
         for (state, weights) in states.iter_mut().zip(weights.iter_mut()) {
             let block_max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);

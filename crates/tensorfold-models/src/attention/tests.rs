@@ -23,6 +23,7 @@ fn config(heads: usize, kv_heads: usize, head_dim: usize) -> ModelConfig {
         tied_embeddings: true,
         qkv_bias: false,
         qk_norm: false,
+        plan: Default::default(),
     }
 }
 
@@ -101,26 +102,35 @@ impl Case {
         let c = &self.config;
         let (hd, qw, kvw, group) = (c.head_dim, c.q_width(), c.kv_width(), c.heads / c.kv_heads);
         let round = |x: f32| half::f16::from_f32(x).to_f64();
+        let scale_dim = c.plan.query_scale_dim.unwrap_or(hd) as f64;
+        let window = c.plan.sliding_window.map_or(usize::MAX, |w| w.size);
         let mut out = Vec::new();
         for p in 0..self.positions() {
+            let first = (p + 1).saturating_sub(window);
             for head in 0..c.heads {
                 let q = &self.q[p * qw + head * hd..][..hd];
                 let at = |j: usize| j * kvw + head / group * hd;
-                let scores: Vec<f64> = (0..=p)
+                let scores: Vec<f64> = (first..=p)
                     .map(|j| {
                         let k = &self.k[at(j)..][..hd];
-                        q.iter()
+                        let s = q
+                            .iter()
                             .zip(k)
                             .map(|(a, b)| *a as f64 * round(*b))
                             .sum::<f64>()
-                            / (hd as f64).sqrt()
+                            / scale_dim.sqrt();
+                        c.plan
+                            .attn_softcap
+                            .map_or(s, |cap| cap as f64 * (s / cap as f64).tanh())
                     })
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let sum: f64 = weights.iter().sum();
                 for d in 0..hd {
-                    let v: f64 = (0..=p).map(|j| weights[j] * round(self.v[at(j) + d])).sum();
+                    let v: f64 = (first..=p)
+                        .map(|j| weights[j - first] * round(self.v[at(j) + d]))
+                        .sum();
                     out.push(v / sum);
                 }
             }
@@ -214,5 +224,32 @@ fn large_scores_fold_without_overflow() {
     let got = case.run(Isa::detect(), &[3]);
     for (g, e) in got.iter().zip(&expected) {
         assert!(g.is_finite() && (*g as f64 - e).abs() < 1e-4 * (1.0 + e.abs()));
+    }
+}
+
+#[test]
+fn windows_caps_and_query_scales_match_a_plain_softmax_and_keep_the_bits() {
+    for size in [1, 7, BLOCK, BLOCK + 3] {
+        let mut config = config(4, 2, 16);
+        config.plan.sliding_window = Some(crate::plan::SlidingWindow {
+            size,
+            global_every: None,
+        });
+        config.plan.attn_softcap = Some(5.0);
+        config.plan.query_scale_dim = Some(24);
+        let case = Case::new(config, 2 * BLOCK + 11, 13);
+        let expected = case.reference();
+        for isa in Isa::available() {
+            let one_shot = case.run(isa, &[case.positions()]);
+            for (i, (g, e)) in one_shot.iter().zip(&expected).enumerate() {
+                assert!(
+                    (*g as f64 - e).abs() < 2e-5 * (1.0 + e.abs()),
+                    "{isa:?} window {size}: element {i} is {g}, not {e}"
+                );
+            }
+            for sizes in [&[1][..], &[5, 60, 1, 17]] {
+                assert_eq!(bits(&case.run(isa, sizes)), bits(&one_shot), "{sizes:?}");
+            }
+        }
     }
 }
