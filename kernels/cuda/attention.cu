@@ -28,6 +28,14 @@
 // folding the maxima and sums alike. Rows of one tile that belong to
 // several sequences take one pass per sequence.
 //
+// Split form (few rows over long contexts, where one block per tile would
+// leave most multiprocessors idle): `gridDim.z` one-warp blocks share a tile's key
+// blocks (block z takes rounds z, z + gridDim.z, ...), each warp writes its
+// partial to `part` in global memory, and `attention_fold_<HD>` then folds
+// every slot's partials in block order with the same step. The partials
+// and the order are those of the fused form, so the output has the same
+// bits whichever form ran.
+//
 // Dynamic shared memory: per warp, one staged key block (64 rows of HD + 8
 // floats) and one partial (16 rows of HD + 8 floats, then 16 maxima and
 // 16 sums).
@@ -43,6 +51,21 @@
 template <int HD>
 __host__ __device__ constexpr int tf_tc_part_floats() {
     return 16 * (HD + TF_TC_PAD) + 32;
+}
+
+// One step of the fold in block order: the running maximum `m` and sum
+// `l` take a block's maximum `mb` and sum `lb`; returns the factors that
+// scale the running value sums (`a`) and the block's (`c`).
+__device__ __forceinline__ float2 tf_tc_fold_step(float& m, float& l, float mb, float lb) {
+    const float mn = fmaxf(m, mb);
+    const float a = m == -INFINITY ? 0.f : expf(__fsub_rn(m, mn));
+    const float c = expf(__fsub_rn(mb, mn));
+    l = __fmaf_rn(lb, c, __fmul_rn(l, a));
+    m = mn;
+    return make_float2(a, c);
+}
+__device__ __forceinline__ float tf_tc_fold_value(float o, float v, float2 ac) {
+    return __fmaf_rn(v, ac.y, __fmul_rn(o, ac.x));
 }
 
 // Starts copying `keys` rows of HD floats (`stride` floats apart, from
@@ -71,7 +94,7 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                                                 const long long* row_pos, const long long* row_seq,
                                                 const unsigned long long* k_base, const unsigned long long* v_base,
                                                 const long long* cap, int layer, float* out, uint32_t* out16, int M,
-                                                int rw, int hb) {
+                                                int rw, int hb, float* part, int part_blocks) {
     constexpr int KSTEPS = HD / 16, NT = HD / 8, KS = HD + TF_TC_PAD;
     constexpr int MINE = (NT + TF_TC_MIN_WARPS - 1) / TF_TC_MIN_WARPS;
     extern __shared__ float4 smem4[];
@@ -125,7 +148,10 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
         float o[MINE][4] = {};
         const long long blocks = (most + TF_TC_KEYS - 1) / TF_TC_KEYS;
-        for (long long base = 0; base < blocks; base += W) {
+        // Fused: this block takes every round. Split: rounds blockIdx.z,
+        // blockIdx.z + gridDim.z, ...
+        const long long stride = (long long)W * gridDim.z;
+        for (long long base = (long long)blockIdx.z * W; base < blocks; base += stride) {
             if (base + warp < blocks) {
                 const long long b0 = (base + warp) * TF_TC_KEYS;
                 const int keys = (int)min((long long)TF_TC_KEYS, most - b0);
@@ -185,6 +211,15 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                 }
                 __syncwarp();  // every lane is done with the keys
                 tf_tc_stage<HD>(stage, V + (size_t)b0 * kvw, kvw, keys, lane);
+                // Where slot e's partial goes in the split form: its own
+                // row of HD values, then the maximum and the sum (none for
+                // a slot with no key in this block).
+                float* to[2] = {nullptr, nullptr};
+                if (part) {
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        if (n[e] > b0) to[e] = part + ((at[e] / HD) * part_blocks + (size_t)(base + warp)) * (HD + 2);
+                }
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
                     float d[4] = {};
@@ -194,18 +229,31 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                         const uint32_t b[2] = {tf_h2_of(vc[0], vc[KS]), tf_h2_of(vc[8 * KS], vc[9 * KS])};
                         tf_mma(d, pa[kk], b);
                     }
-                    *reinterpret_cast<float2*>(mine + g * KS + 8 * nt + 2 * t) = make_float2(d[0], d[1]);
-                    *reinterpret_cast<float2*>(mine + (g + 8) * KS + 8 * nt + 2 * t) = make_float2(d[2], d[3]);
+                    if (part) {
+                        if (to[0]) *reinterpret_cast<float2*>(to[0] + 8 * nt + 2 * t) = make_float2(d[0], d[1]);
+                        if (to[1]) *reinterpret_cast<float2*>(to[1] + 8 * nt + 2 * t) = make_float2(d[2], d[3]);
+                    } else {
+                        *reinterpret_cast<float2*>(mine + g * KS + 8 * nt + 2 * t) = make_float2(d[0], d[1]);
+                        *reinterpret_cast<float2*>(mine + (g + 8) * KS + 8 * nt + 2 * t) = make_float2(d[2], d[3]);
+                    }
                 }
                 if (t == 0) {
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        mine[16 * KS + g + 8 * e] = mx[e];
-                        mine[16 * KS + 16 + g + 8 * e] = sum[e];
+                        if (part) {
+                            if (to[e]) {
+                                to[e][HD] = mx[e];
+                                to[e][HD + 1] = sum[e];
+                            }
+                        } else {
+                            mine[16 * KS + g + 8 * e] = mx[e];
+                            mine[16 * KS + 16 + g + 8 * e] = sum[e];
+                        }
                     }
                 }
                 __syncwarp();  // every lane is done with the values
             }
+            if (part) continue;  // attention_fold folds the partials
             __syncthreads();  // the round's partials are in
             for (int w = 0; w < W && base + w < blocks; w++) {
                 const float* pw = parts + w * tf_tc_part_floats<HD>();
@@ -213,25 +261,22 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     if (n[e] <= b0) continue;  // no key of this block: nothing to fold
-                    const float mb = pw[16 * KS + g + 8 * e], lb = pw[16 * KS + 16 + g + 8 * e];
-                    const float mn = fmaxf(m[e], mb);
-                    const float a = m[e] == -INFINITY ? 0.f : expf(__fsub_rn(m[e], mn));
-                    const float c = expf(__fsub_rn(mb, mn));
-                    l[e] = __fmaf_rn(lb, c, __fmul_rn(l[e], a));
+                    const float2 ac =
+                        tf_tc_fold_step(m[e], l[e], pw[16 * KS + g + 8 * e], pw[16 * KS + 16 + g + 8 * e]);
 #pragma unroll
                     for (int i = 0; i < MINE; i++) {
                         const int nt = warp + i * W;
                         if (nt < NT) {
                             const float2 v = *reinterpret_cast<const float2*>(pw + (g + 8 * e) * KS + 8 * nt + 2 * t);
-                            o[i][2 * e] = __fmaf_rn(v.x, c, __fmul_rn(o[i][2 * e], a));
-                            o[i][2 * e + 1] = __fmaf_rn(v.y, c, __fmul_rn(o[i][2 * e + 1], a));
+                            o[i][2 * e] = tf_tc_fold_value(o[i][2 * e], v.x, ac);
+                            o[i][2 * e + 1] = tf_tc_fold_value(o[i][2 * e + 1], v.y, ac);
                         }
                     }
-                    m[e] = mn;
                 }
             }
             __syncthreads();  // the partials are read before the next round's land
         }
+        if (part) continue;
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             if (!n[e]) continue;
@@ -255,17 +300,47 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
     }
 }
 
+// One slot's output from its partials in the split form: the fold of
+// `attention_tc` in the same block order, then the same division. A block
+// is (row, head) of the grid; thread d keeps output column d.
+template <int HD>
+__device__ __forceinline__ void tf_attention_fold(const float* __restrict__ part, int part_blocks, int heads,
+                                                  const long long* row_pos, float* out, uint32_t* out16) {
+    const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const long long blocks = (row_pos[row] + TF_TC_KEYS) / TF_TC_KEYS;
+    const float* p = part + ((size_t)row * heads + head) * part_blocks * (HD + 2);
+    float m = -INFINITY, l = 0.f, o = 0.f;
+#pragma unroll 8
+    for (long long b = 0; b < blocks; b++) {
+        const float* pb = p + b * (HD + 2);
+        const float2 ac = tf_tc_fold_step(m, l, pb[HD], pb[HD + 1]);
+        o = tf_tc_fold_value(o, pb[d], ac);
+    }
+    const float inv = 1.0f / l;
+    const float v = __fmul_rn(o, inv);
+    const int c = head * HD + d;
+    out[(size_t)row * heads * HD + c] = v;
+    if (out16) tf_store_h16_one(out16 + (size_t)row * (heads * HD / 2), c, v);
+}
+
 // The arguments of ops.cu's `attention` (`hd` is the kernel's own HD),
-// then the tile's shape.
+// then the tile's shape and, for the split form, where the partials go
+// (null: fused) and the key blocks a slot's partials have room for.
 #define TF_ATTENTION_TC(HD)                                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
         attention_tc_##HD(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,           \
                           const long long* row_pos, const long long* row_seq, const unsigned long long* k_base, \
                           const unsigned long long* v_base, const long long* cap, int layer, float* out,        \
-                          uint32_t* out16, int M, int rw, int hb) {                                            \
+                          uint32_t* out16, int M, int rw, int hb, float* part, int part_blocks) {              \
         tf_after_prior();                                                                                      \
         tf_attention_tc<HD>(q, heads, kv_heads, scale, row_pos, row_seq, k_base, v_base, cap, layer, out,     \
-                            out16, M, rw, hb);                                                                 \
+                            out16, M, rw, hb, part, part_blocks);                                              \
+    }                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(HD)                                                           \
+        attention_fold_##HD(const float* __restrict__ part, int part_blocks, int heads,                        \
+                            const long long* row_pos, float* out, uint32_t* out16) {                           \
+        tf_after_prior();                                                                                      \
+        tf_attention_fold<HD>(part, part_blocks, heads, row_pos, out, out16);                                 \
     }
 TF_ATTENTION_TC(16)
 TF_ATTENTION_TC(32)

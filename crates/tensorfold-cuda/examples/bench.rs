@@ -2,8 +2,9 @@
 //! memory (no file to carry): decode tokens/s against the bandwidth bound,
 //! prefill tokens/s, and aggregate tokens/s of batched streams.
 //!
-//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode] [fma] [profile] [grids]`
-//! (`decode` stops after the decode cell; `fma` measures the f32
+//! `cargo run --release --features cuda --example bench -- [smollm2|llama8b]... [decode] [depth] [fma] [profile] [grids]`
+//! (`decode` stops after the decode cell; `depth` adds decode after 2k and
+//! 8k positions; `fma` measures the f32
 //! multiply-add matmuls beside the tensor-core ones; `profile` prints device
 //! time by kernel for decode and for a prefill chunk; `grids` compares
 //! decode and 16 streams under several few-row grids). Built with
@@ -188,6 +189,15 @@ fn main() {
                 t.elapsed()
             );
             all.push(cells(&g, &toks, bw, flag("decode")));
+            if flag("depth") {
+                for depth in [2048, 8192] {
+                    let rate = decode_at(&g, &toks, depth);
+                    println!(
+                        "decode at depth {depth}: {rate:.1} tok/s ({:.3} ms/token)",
+                        1e3 / rate
+                    );
+                }
+            }
             if flag("profile") {
                 profile(&g, &toks);
             }
@@ -238,6 +248,20 @@ fn decode(g: &CudaModel, toks: &[u32]) -> f64 {
         g.forward(&[*t], &mut kv, Logits::Last).unwrap();
     }
     n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// Decode tokens/s after a `depth`-token prompt.
+fn decode_at(g: &CudaModel, toks: &[u32], depth: usize) -> f64 {
+    let mut kv = g.new_cache();
+    prefill(g, &mut kv, &toks[..depth - 64], 256);
+    for t in &toks[depth - 64..depth - 56] {
+        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    }
+    let t = Instant::now();
+    for t in &toks[depth - 56..depth] {
+        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    }
+    56.0 / t.elapsed().as_secs_f64()
 }
 
 /// Decode, an 8-row call, prefill at 2k and 8k and 16 streams on `g`

@@ -335,6 +335,13 @@ fn device_picks_from_env() -> bool {
     std::env::var("TENSORFOLD_CUDA_PICKS").as_deref() != Ok("0")
 }
 
+/// `TENSORFOLD_CUDA_ATTENTION_SPLIT=0` keeps attention in its fused form
+/// for every call (for comparison; bits do not change with it); anything
+/// else (or nothing) splits few rows over long contexts across blocks.
+fn attention_split_from_env() -> bool {
+    std::env::var("TENSORFOLD_CUDA_ATTENTION_SPLIT").as_deref() != Ok("0")
+}
+
 struct Kernels {
     _modules: [Arc<CudaModule>; 4],
     /// The device's streaming multiprocessors.
@@ -343,6 +350,8 @@ struct Kernels {
     /// Whether kernels may launch before the previous one ends
     /// (programmatic dependent launch; see `launch.rs`).
     early: bool,
+    /// Whether attention may take its split form (`attention::splits`).
+    split_attention: bool,
     /// `[format][tile]`.
     matmul: Vec<Vec<CudaFunction>>,
     /// f32 rows of any width (not a multiple of 32).
@@ -365,10 +374,17 @@ struct Kernels {
     /// `attention_split_128` up to 128, likewise.
     attention_split: CudaFunction,
     attention_split_128: CudaFunction,
-    /// `(head dimension, attention_tc_<hd>)`: the tensor-core attention,
-    /// which those head dimensions take instead of the ones above.
-    attention_tc: Vec<(usize, CudaFunction)>,
+    /// The tensor-core attention, which its head dimensions take instead
+    /// of the ones above.
+    attention_tc: Vec<TcAttention>,
     silu_mul: CudaFunction,
+}
+
+/// `attention_tc_<hd>` and `attention_fold_<hd>` (its split form's fold).
+struct TcAttention {
+    head_dim: usize,
+    attend: CudaFunction,
+    fold: CudaFunction,
 }
 
 impl Kernels {
@@ -428,13 +444,17 @@ impl Kernels {
         let att = ctx.load_module(Ptx::from_binary(ATTENTION_BIN.to_vec()))?;
         let mut attention_tc = Vec::new();
         for hd in attention::HEAD_DIMS {
-            let name = attention::kernel(hd).expect("a listed head dimension");
-            let f = att.load_function(&name)?;
-            f.set_attribute(
+            let (attend, fold) = attention::kernels(hd).expect("a listed head dimension");
+            let attend = att.load_function(&attend)?;
+            attend.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 attention::shared(hd) as i32,
             )?;
-            attention_tc.push((hd, f));
+            attention_tc.push(TcAttention {
+                head_dim: hd,
+                attend,
+                fold: att.load_function(&fold)?,
+            });
         }
         let multiprocessors =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
@@ -444,6 +464,7 @@ impl Kernels {
             multiprocessors,
             few_grid: FewRowGrid::from_env(),
             early: major >= 9 && early_launch_from_env(),
+            split_attention: attention_split_from_env(),
             matmul,
             matmul_any: mm.load_function("mm_f32_any")?,
             staged: staged_tile(),
@@ -543,6 +564,10 @@ struct Scratch {
     rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     graphs: Graphs,
     picks: PickBufs,
+    /// The split attention's partials (`attention::partial_floats`), for
+    /// [`attention::SPLIT_ROWS`] rows over `partial_blocks` key blocks.
+    partials: Option<CudaSlice<f32>>,
+    partial_blocks: usize,
 }
 
 struct Bufs {
@@ -571,6 +596,12 @@ struct Plan {
     m: usize,
     seqs: usize,
     picks: usize,
+    /// Blocks sharing each attention tile's key blocks (1: fused; see
+    /// `attention::splits`), where their partials go (0: fused) and the key
+    /// blocks each slot has room for there.
+    attention_splits: usize,
+    partials: u64,
+    partial_blocks: usize,
     tokens: u64,
     pos: u64,
     seq: u64,
@@ -613,11 +644,11 @@ impl Plan {
 /// Forwards of at most this many rows run as captured graphs.
 const GRAPH_MAX_ROWS: usize = 64;
 /// Distinct shapes kept as graphs.
-const GRAPH_SLOTS: usize = 128;
+const GRAPH_SLOTS: usize = 256;
 
-/// Graphs by (rows, sequences, picked rows). Cleared whenever a buffer
-/// they point into is reallocated.
-type Graphs = HashMap<(usize, usize, usize), GraphSlot>;
+/// Graphs by (rows, sequences, picked rows, attention splits). Cleared
+/// whenever a buffer they point into is reallocated.
+type Graphs = HashMap<(usize, usize, usize, usize), GraphSlot>;
 
 enum GraphSlot {
     /// Run directly once; the next forward of this shape is captured.
@@ -1158,16 +1189,12 @@ impl CudaModel {
         let scale = 1.0 / (c.head_dim as f32).sqrt();
         let (q, attn, attn16) = (p.q, p.attn, p.attn16);
         let group = c.heads / c.kv_heads;
-        let tc = self
-            .k
-            .attention_tc
-            .iter()
-            .find(|(d, _)| *d == c.head_dim)
-            .map(|(_, f)| f);
+        let tc = self.tc_attention();
         let split = split_attention(m, p.seqs);
         let k = &self.k;
         let (kernel, name) = match (tc, split, c.head_dim <= NARROW_HEADS) {
-            (Some(f), _, _) => (f, "attention tc"),
+            (Some(f), _, _) if p.attention_splits > 1 => (&f.attend, "attention tc split"),
+            (Some(f), _, _) => (&f.attend, "attention tc"),
             (None, true, true) => (&k.attention_split_128, "attention split"),
             (None, true, false) => (&k.attention_split, "attention split"),
             (None, false, true) => (&k.attention_128, "attention"),
@@ -1186,9 +1213,28 @@ impl CudaModel {
         p.cache_args(&mut lb);
         lb.arg(&layer).arg(&attn).arg(&attn16);
         let blocks = (m.div_ceil(rows) as u32, (c.heads / hb) as u32, 1);
+        let part_blocks = p.partial_blocks as i32;
+        // The fused form's null partials.
+        let fused = 0u64;
         let cfg = match (tc, split) {
+            (Some(_), _) if p.attention_splits > 1 => {
+                lb.arg(&mi)
+                    .arg(&rows_i)
+                    .arg(&hb_i)
+                    .arg(&p.partials)
+                    .arg(&part_blocks);
+                LaunchConfig {
+                    grid_dim: (blocks.0, blocks.1, p.attention_splits as u32),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: attention::split_shared(c.head_dim) as u32,
+                }
+            }
             (Some(_), _) => {
-                lb.arg(&mi).arg(&rows_i).arg(&hb_i);
+                lb.arg(&mi)
+                    .arg(&rows_i)
+                    .arg(&hb_i)
+                    .arg(&fused)
+                    .arg(&part_blocks);
                 LaunchConfig {
                     grid_dim: blocks,
                     block_dim: (32 * attention::warps(c.head_dim) as u32, 1, 1),
@@ -1216,10 +1262,51 @@ impl CudaModel {
         // forward; a tensor-core tile's rows times heads are at most 16 and
         // its heads divide the group (`attention::tile`); `attention` has
         // at most ATTENTION_WARPS warps; the shared memory is what the
-        // attributes set at load allow (`attention_split` stays under the
-        // default 48 KB).
+        // attributes set at load allow (`attention_split` and a split
+        // tensor-core block stay under the default 48 KB); in the split
+        // form `partials` holds `partial_blocks` key blocks for each of the
+        // call's at most SPLIT_ROWS rows (`forward_batch_picked`).
         unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
-        self.mark(|| name.into())
+        self.mark(|| name.into())?;
+        match tc {
+            Some(f) if p.attention_splits > 1 => self.fold_attention(f, p),
+            _ => Ok(()),
+        }
+    }
+
+    /// The tensor-core attention for this model's head dimension, if any.
+    fn tc_attention(&self) -> Option<&TcAttention> {
+        self.k
+            .attention_tc
+            .iter()
+            .find(|f| f.head_dim == self.config.head_dim)
+    }
+
+    /// Folds the split attention's partials of every (row, head) in block
+    /// order into `p.attn` (and `p.attn16`).
+    fn fold_attention(&self, f: &TcAttention, p: &Plan) -> Result<()> {
+        let c = &self.config;
+        let heads = c.heads as i32;
+        let part_blocks = p.partial_blocks as i32;
+        let mut lb = Launch::new(&f.fold);
+        lb.arg(&p.partials)
+            .arg(&part_blocks)
+            .arg(&heads)
+            .arg(&p.pos)
+            .arg(&p.attn)
+            .arg(&p.attn16);
+        let cfg = LaunchConfig {
+            grid_dim: (p.m as u32, c.heads as u32, 1),
+            block_dim: (c.head_dim as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `attention_fold_<hd>` in attention.cu for this
+        // head dimension; the split attention just wrote, on this stream,
+        // the partials of every key block each row reads, within the
+        // `partial_blocks` a slot has room for; `attn` has `m * heads *
+        // head_dim` floats (`attn16`, unless 0, half as many words).
+        unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
+        self.mark(|| "attention fold".into())
     }
 
     fn linear(&self, l: &Linear, x: u64, x16: u64, y: u64, m: usize) -> Result<()> {
@@ -1305,6 +1392,43 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Blocks sharing each tensor-core attention tile of a call of `m` rows
+    /// of `seqs` sequences reading at most `positions` keys: 1 is the
+    /// fused form.
+    fn attention_splits(&self, m: usize, seqs: usize, positions: usize) -> usize {
+        if !self.k.split_attention || self.tc_attention().is_none() {
+            return 1;
+        }
+        let c = &self.config;
+        let (rows, heads) = attention::tile(m, seqs, c.heads / c.kv_heads);
+        let tiles = m.div_ceil(rows) * (c.heads / heads);
+        attention::splits(
+            m,
+            tiles,
+            attention::key_blocks(positions),
+            self.k.multiprocessors,
+        )
+    }
+
+    /// Room for the split attention's partials over `key_blocks` key blocks.
+    fn ensure_partials(&self, s: &mut Scratch, key_blocks: usize) -> Result<()> {
+        if s.partials.is_some() && key_blocks <= s.partial_blocks {
+            return Ok(());
+        }
+        let c = &self.config;
+        let blocks = key_blocks.next_power_of_two().max(2 * s.partial_blocks);
+        s.graphs.clear();
+        s.partials = None;
+        s.partials = Some(self.stream.alloc_zeros(attention::partial_floats(
+            attention::SPLIT_ROWS,
+            c.heads,
+            blocks,
+            c.head_dim,
+        ))?);
+        s.partial_blocks = blocks;
+        Ok(())
+    }
+
     /// Cosine and sine tables for positions `0..len`, computed in f64 from
     /// the position alone exactly as the CPU forward does.
     fn ensure_rope(&self, s: &mut Scratch, need: usize) -> Result<()> {
@@ -1340,7 +1464,7 @@ impl CudaModel {
         if plan.m > GRAPH_MAX_ROWS || self.profiling.load(Ordering::Relaxed) {
             return self.enqueue(plan);
         }
-        let key = (plan.m, plan.seqs, plan.picks);
+        let key = (plan.m, plan.seqs, plan.picks, plan.attention_splits);
         let Some(slot) = graphs.get_mut(&key) else {
             if graphs.len() < GRAPH_SLOTS {
                 graphs.insert(key, GraphSlot::SeenOnce);
@@ -1590,6 +1714,10 @@ impl CudaModel {
         let sc = &mut *guard;
         self.ensure_scratch(sc, m, n, meta.len())?;
         self.ensure_rope(sc, max_pos)?;
+        let attention_splits = self.attention_splits(m, ns, max_pos);
+        if attention_splits > 1 {
+            self.ensure_partials(sc, attention::key_blocks(max_pos))?;
+        }
         let st = &self.stream;
         let bufs = sc.bufs.as_mut().expect("scratch");
         // Every forward ends with the stream synchronized, so the previous
@@ -1604,6 +1732,12 @@ impl CudaModel {
             m,
             seqs: ns,
             picks: n,
+            attention_splits,
+            partials: match (attention_splits, &sc.partials) {
+                (2.., Some(partials)) => ptr(partials, st),
+                _ => 0,
+            },
+            partial_blocks: sc.partial_blocks,
             tokens: mp,
             pos: mp + 8 * m as u64,
             seq: mp + 16 * m as u64,

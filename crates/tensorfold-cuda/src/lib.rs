@@ -44,7 +44,7 @@ pub use tensorfold_sampling::{Draw, SeqRows};
 /// kernels.
 #[cfg(feature = "cuda")]
 pub fn attention_on_tensor_cores(head_dim: usize) -> bool {
-    attention::kernel(head_dim).is_some()
+    attention::kernels(head_dim).is_some()
 }
 
 /// Errors of the CUDA backend.
