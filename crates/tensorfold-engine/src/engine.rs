@@ -2,6 +2,7 @@
 
 use crate::backend::{BackendChoice, Device, DeviceCache, Target};
 use crate::batch::Batch;
+use crate::draft_model::{check_pair, DraftModel, DraftPairError};
 use crate::grammar::{Compiler, Grammar, GrammarSpec};
 use crate::prefix::PrefixCache;
 use crate::sampling::SamplingParams;
@@ -15,9 +16,7 @@ use std::time::Duration;
 use tensorfold_models::{Bundle, Model, ModelConfig, ModelError};
 use tensorfold_scheduler::memory::{self, BudgetError, MemoryBudget};
 use tensorfold_scheduler::{MAX_DEPTH, PREFILL_CHUNK};
-use tensorfold_spec::{
-    AutoDrafter, ContextConfig, ContextDrafter, DraftModel, DraftStats, Drafter,
-};
+use tensorfold_spec::{AutoDrafter, ContextConfig, ContextDrafter, DraftStats, Drafter};
 
 /// Why a request could not be served.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +31,7 @@ pub enum EngineError {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error(transparent)]
-    DraftPair(#[from] tensorfold_spec::DraftPairError),
+    DraftPair(#[from] DraftPairError),
     #[error(transparent)]
     Memory(#[from] BudgetError),
     /// No stream slot or cache memory is free now; try again later.
@@ -446,7 +445,7 @@ impl Engine {
     /// Loads a draft model; refuses one whose tokenizer differs from the target's.
     pub fn set_draft_model(&mut self, path: &Path) -> Result<(), EngineError> {
         let draft = tensorfold_models::load(path)?;
-        tensorfold_spec::check_pair(
+        check_pair(
             &self.bundle.tokenizer.get_vocab(true).into_iter().collect(),
             &draft.tokenizer.get_vocab(true).into_iter().collect(),
         )?;

@@ -14,6 +14,7 @@
 
 mod backend;
 mod batch;
+mod draft_model;
 mod engine;
 mod grammar;
 mod prefix;
@@ -25,6 +26,7 @@ mod thinking;
 
 pub use backend::{cuda_available, BackendChoice, DeviceCache};
 pub use batch::Batch;
+pub use draft_model::{check_pair, DraftModel, DraftPairError};
 pub use engine::{
     Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Parallel,
     Prepared, Prompt, TokenLogprob, AUTO_MAX_STREAMS, DEFAULT_CHECKPOINT_SLOTS,

@@ -23,19 +23,9 @@ pub const BLOCK: usize = 64;
 /// Positions a cache grows by when it is full: one block.
 pub const GROWTH: usize = BLOCK;
 
-/// What the scheduler asks of one sequence's cache, on any device: how
-/// many positions it holds, exact rollback, and what it occupies.
-pub trait Cache {
-    /// Positions held.
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-    /// Drops every position from `len` on.
-    fn truncate(&mut self, len: usize);
-    /// Bytes allocated, stored or not.
-    fn allocated_bytes(&self) -> usize;
-}
+// The trait lives with the forward interface (`tensorfold-forward`); it is
+// named here too, beside the cache that implements it.
+pub use tensorfold_forward::Cache;
 
 impl Cache for KvCache {
     fn len(&self) -> usize {

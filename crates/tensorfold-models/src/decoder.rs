@@ -12,8 +12,10 @@ use crate::attention::attention;
 use crate::config::{ModelConfig, RopeStyle};
 use crate::moe::{gated, mixture, ExpertWeights};
 use crate::plan::rotary_angle;
+use tensorfold_forward::{Forward, ForwardError, Logits, PickingForward, Seq};
 use tensorfold_kv::KvCache;
 use tensorfold_quant::{sum_squares, Matrix};
+use tensorfold_sampling::{Draw, SeqRows};
 
 /// One transformer block's weights.
 pub struct Block {
@@ -48,17 +50,6 @@ pub struct Model {
     pub norm: Vec<f32>,
     /// `None` when the embeddings are tied.
     pub lm_head: Option<Matrix>,
-}
-
-/// Which rows' logits a forward returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Logits {
-    /// Only the last row (prefill).
-    Last,
-    /// Every row (verification).
-    All,
-    /// None: the call only fills the cache.
-    None,
 }
 
 fn rms_norm(x: &mut [f32], width: usize, weight: &[f32], eps: f32) {
@@ -126,33 +117,7 @@ impl Rope {
     }
 }
 
-/// One sequence's part of a batched forward: its new tokens, the cache
-/// they extend, and which of their logits to return.
-pub struct Seq<'a, C = KvCache> {
-    pub tokens: &'a [u32],
-    pub cache: &'a mut C,
-    pub logits: Logits,
-}
-
-/// A forward that can run a batch of sequences, on whichever device holds
-/// the weights: what the scheduler drives. The CPU [`Model`] never fails;
-/// a GPU backend may (a lost device, an allocation refused).
-pub trait Forward {
-    type Cache: tensorfold_kv::Cache;
-    fn vocab_size(&self) -> usize;
-    /// Each sequence's requested logits rows, bitwise those it would get
-    /// alone (the row invariant).
-    fn forward_batch(
-        &self,
-        seqs: &mut [Seq<'_, Self::Cache>],
-    ) -> std::result::Result<Vec<Vec<f32>>, ForwardError>;
-}
-
-/// A forward that did not run.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("forward failed: {0}")]
-pub struct ForwardError(pub String);
-
+/// The CPU forward: it never fails.
 impl Forward for Model {
     type Cache = KvCache;
     fn vocab_size(&self) -> usize {
@@ -160,7 +125,7 @@ impl Forward for Model {
     }
     fn forward_batch(
         &self,
-        seqs: &mut [Seq<'_>],
+        seqs: &mut [Seq<'_, KvCache>],
     ) -> std::result::Result<Vec<Vec<f32>>, ForwardError> {
         // On a pool thread, each matmul's parallel split starts on the
         // calling thread at once, instead of waking the pool and sleeping
@@ -169,14 +134,17 @@ impl Forward for Model {
     }
 }
 
-impl Logits {
-    /// Which of `n` rows this asks for.
-    pub fn rows(self, n: usize) -> std::ops::Range<usize> {
-        match self {
-            Logits::None => n..n,
-            Logits::Last => n.saturating_sub(1)..n,
-            Logits::All => 0..n,
-        }
+/// The CPU forward hands every row back: the host picks them.
+impl PickingForward for Model {
+    fn forward_picked(
+        &self,
+        seqs: &mut [Seq<'_, KvCache>],
+        _draws: &[Option<Draw>],
+    ) -> std::result::Result<Vec<SeqRows>, ForwardError> {
+        Ok(Forward::forward_batch(self, seqs)?
+            .into_iter()
+            .map(SeqRows::Logits)
+            .collect())
     }
 }
 
@@ -196,7 +164,7 @@ impl Model {
     /// and each attends only to its own cache. Because every step is
     /// row-local or reduces in a fixed order, each sequence's logits are
     /// bitwise those it would get alone. Returns each sequence's logits.
-    pub fn forward_batch(&self, seqs: &mut [Seq<'_>]) -> Vec<Vec<f32>> {
+    pub fn forward_batch(&self, seqs: &mut [Seq<'_, KvCache>]) -> Vec<Vec<f32>> {
         let c = &self.config;
         let h = c.hidden_size;
         let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();

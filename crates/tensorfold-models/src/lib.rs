@@ -33,12 +33,13 @@ mod tokenizer;
 mod weights;
 
 pub use config::{Arch, ModelConfig, RopeStyle};
-pub use decoder::{Block, Forward, ForwardError, Logits, Model, Seq};
+pub use decoder::{Block, Model};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;
 pub use moe::ExpertWeights;
 pub use plan::{rotary_angle, Activation, Experts, NormKind, Plan, SlidingWindow};
+pub use tensorfold_forward::{Forward, ForwardError, Logits, Seq};
 pub use tensorfold_quant::{set_float_products, Affine, Encoding, Format, QuantRule, ScaleDtype};
 
 use serde::Serialize;

@@ -51,8 +51,8 @@
 pub mod memory;
 
 use std::time::{Duration, Instant};
-use tensorfold_kv::{Cache, KvCache};
-use tensorfold_models::{Forward, ForwardError, Logits, Model, Seq};
+use tensorfold_forward::{Cache, ForwardError, Logits, Seq};
+use tensorfold_kv::KvCache;
 use tensorfold_sampling::{Draw, SeqRows};
 use tensorfold_spec::{accept, DraftStats, Drafter};
 
@@ -90,33 +90,9 @@ pub const MIN_PREFILL: usize = 32;
 /// Most drafts one stream verifies in a round.
 pub const MAX_DEPTH: usize = 8;
 
-/// A forward that may pick tokens where its logits are. Each sequence
-/// given a draw gets its requested rows back as the tokens the rule of
-/// `tensorfold-sampling` picks from them, each at the position its row
-/// predicts (the row's own position plus one), or, from a forward that
-/// does not pick, as the rows themselves, which the scheduler then picks
-/// on the host by the same rule.
-pub trait PickingForward: Forward {
-    fn forward_picked(
-        &self,
-        seqs: &mut [Seq<'_, Self::Cache>],
-        draws: &[Option<Draw>],
-    ) -> Result<Vec<SeqRows>, ForwardError>;
-}
-
-/// The CPU forward hands every row back: the host picks them.
-impl PickingForward for Model {
-    fn forward_picked(
-        &self,
-        seqs: &mut [Seq<'_, Self::Cache>],
-        _draws: &[Option<Draw>],
-    ) -> Result<Vec<SeqRows>, ForwardError> {
-        Ok(Forward::forward_batch(self, seqs)?
-            .into_iter()
-            .map(SeqRows::Logits)
-            .collect())
-    }
-}
+// The forward the scheduler drives is defined with the rest of the forward
+// interface; named here too, where it was first defined.
+pub use tensorfold_forward::PickingForward;
 
 /// A stream's handle, unique within its scheduler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -9,11 +9,9 @@
 
 mod auto;
 mod context;
-mod model;
 
 pub use auto::{Arm, AutoDrafter};
 pub use context::{ContextConfig, ContextDrafter};
-pub use model::{check_pair, DraftModel, DraftPairError};
 
 /// Proposes continuations of a token sequence.
 pub trait Drafter: Send {

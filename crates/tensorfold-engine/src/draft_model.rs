@@ -1,12 +1,14 @@
 //! A draft model: a smaller model with the target's vocabulary, decoding
 //! greedily ahead of the target with its own cache. Rolled back by
-//! truncating to the prefix it shares with the next context.
+//! truncating to the prefix it shares with the next context. It lives
+//! here, where models meet drafting, so `tensorfold-spec` stays free of
+//! model files.
 
-use crate::Drafter;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tensorfold_kv::KvCache;
 use tensorfold_models::{Logits, Model};
+use tensorfold_spec::Drafter;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DraftPairError {
