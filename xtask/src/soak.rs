@@ -385,8 +385,12 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
         if let (true, false, Some(text)) = (wellformed, plan.sampled, &outcome.text) {
             if outcome.status == 200 && !outcome.stream_error {
                 greedy_checked += 1;
-                if solo.get(&(plan.route, plan.prompt)) != Some(text) {
+                let alone = solo.get(&(plan.route, plan.prompt));
+                if alone != Some(text) {
                     greedy_differ += 1;
+                    eprintln!(
+                        "  differs from alone: {plan:?}\n    served: {text:?}\n    alone:  {alone:?}"
+                    );
                 }
             }
         }
