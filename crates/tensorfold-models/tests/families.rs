@@ -16,8 +16,12 @@ const NEW: [Arch; 6] = [
     Arch::Mixtral,
 ];
 
+/// A fresh folder per call: tests run in parallel and may write the same
+/// model at once.
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tf-families-{}-{name}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("tf-families-{}-{call}-{name}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
