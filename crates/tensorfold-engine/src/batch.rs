@@ -4,6 +4,7 @@
 
 use crate::backend::DeviceCache;
 use crate::engine::{Completion, Engine, EngineError, Prepared};
+use crate::prefix::HeldSpans;
 use crate::reply::{OnText, Outcome, Reply};
 use std::collections::HashMap;
 use tensorfold_kv::Cache;
@@ -17,6 +18,9 @@ pub struct Batch<'e> {
     reserved: HashMap<StreamId, usize>,
     /// Prompt tokens each live stream took from a retained state.
     cached_tokens: HashMap<StreamId, usize>,
+    /// Each live stream's held spans: its prompt's, then every position its
+    /// reply may fill (generated ids are held).
+    held: HashMap<StreamId, HeldSpans>,
 }
 
 impl<'e> Batch<'e> {
@@ -26,6 +30,7 @@ impl<'e> Batch<'e> {
             scheduler: Scheduler::new(engine.decode_share()),
             reserved: HashMap::new(),
             cached_tokens: HashMap::new(),
+            held: HashMap::new(),
         }
     }
 
@@ -74,9 +79,11 @@ impl<'e> Batch<'e> {
         let Prepared {
             request,
             tokens,
+            mut held,
             budget,
             cache_bytes,
         } = prepared;
+        held.push(tokens.len()..tokens.len() + budget);
         let drafter = if request.draft {
             engine.make_drafter()
         } else {
@@ -102,6 +109,7 @@ impl<'e> Batch<'e> {
         let id = self.scheduler.admit(reply, tokens, budget, drafter, cache);
         self.reserved.insert(id, cache_bytes);
         self.cached_tokens.insert(id, cached_tokens);
+        self.held.insert(id, held);
         Ok(id)
     }
 
@@ -135,6 +143,7 @@ impl<'e> Batch<'e> {
             tokens,
         } = f;
         self.reserved.remove(&id);
+        let held = self.held.remove(&id).unwrap_or_default();
         if let Some(e) = error {
             self.cached_tokens.remove(&id);
             return (id, Err(EngineError::Backend(e.to_string())));
@@ -148,7 +157,8 @@ impl<'e> Batch<'e> {
         };
         if client.caches_prompt() {
             let room = self.engine.memory().for_caches() - self.reserved_bytes();
-            self.engine.prefix_cache().insert(tokens, cache, room);
+            let held = held.truncated(tokens.len());
+            self.engine.prefix_cache().insert(tokens, held, cache, room);
         }
         (id, Ok(client.complete(&outcome)))
     }

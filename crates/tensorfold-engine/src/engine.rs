@@ -4,7 +4,7 @@ use crate::backend::{BackendChoice, Device, DeviceCache, Target};
 use crate::batch::Batch;
 use crate::draft_model::{check_pair, DraftModel, DraftPairError};
 use crate::grammar::{Compiler, Grammar, GrammarSpec};
-use crate::prefix::PrefixCache;
+use crate::prefix::{HeldSpans, PrefixCache, PromptIds};
 use crate::sampling::SamplingParams;
 use crate::template::ChatTemplate;
 use crate::thinking::ThinkingBudget;
@@ -66,8 +66,11 @@ pub enum Prompt {
         /// Extra template variables (`tools`, `reasoning_effort`, kwargs).
         template_vars: serde_json::Map<String, Json>,
     },
-    /// Already tokenized.
+    /// Already tokenized by the client: every id is held (the truth for
+    /// the text it spells, should that text come back in a later prompt).
     Tokens(Vec<u32>),
+    /// Ids as [`Engine::prompt_ids`] made them, with the spans it held.
+    Ids(PromptIds),
 }
 
 impl Prompt {
@@ -546,11 +549,12 @@ impl Engine {
         self.bundle.tokenizer.decode(ids, true).unwrap_or_default()
     }
 
-    /// The prompt's tokens.
+    /// The prompt's tokens, as a fresh tokenizer makes them.
     pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>, EngineError> {
         match (self.prompt_text(prompt)?, prompt) {
             (Some(text), _) => self.encode(&text),
             (None, Prompt::Tokens(t)) => Ok(t.clone()),
+            (None, Prompt::Ids(p)) => Ok(p.ids.clone()),
             (None, _) => unreachable!("text and chat prompts have text"),
         }
     }
@@ -564,20 +568,20 @@ impl Engine {
                 messages,
                 template_vars,
             } => Some(self.render_chat(messages, template_vars)?),
-            Prompt::Tokens(_) => None,
+            Prompt::Tokens(_) | Prompt::Ids(_) => None,
         })
     }
 
     /// The ids a retained state holds stay the truth for the text they
-    /// spell: when `text` starts with what a retained state decodes to
-    /// beyond its common token prefix with `tokens` (a reply the client
-    /// sent back, re-rendered into other ids), the prompt keeps the
+    /// spell: when `text` starts with what a retained state's held ids
+    /// decode to beyond its common token prefix with `tokens` (a reply the
+    /// client sent back, re-rendered into other ids), the prompt keeps the
     /// retained ids for that text and tokenizes only the rest.
     fn keep_generated_ids(
         &self,
         text: &str,
         tokens: &[u32],
-    ) -> Result<Option<Vec<u32>>, EngineError> {
+    ) -> Result<Option<PromptIds>, EngineError> {
         let tokenizer = &self.bundle.tokenizer;
         let bos = self.bundle.add_bos;
         // The text `ids` spell (a leading BOS is not part of the text).
@@ -588,19 +592,18 @@ impl Engine {
             };
             tokenizer.decode(ids, false).unwrap_or_default()
         };
-        let Some((ids, len)) = self.prefix_cache().longest_spelled(tokens, |ids| {
+        let Some((mut kept, len)) = self.prefix_cache().longest_spelled(tokens, |ids| {
             let s = spell(ids);
             text.starts_with(&s).then_some(s.len())
         }) else {
             return Ok(None);
         };
         let rest = &text[len..];
-        let mut kept = ids;
         if !rest.is_empty() {
             let enc = tokenizer
                 .encode(rest, false)
                 .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-            kept.extend_from_slice(enc.get_ids());
+            kept.ids.extend_from_slice(enc.get_ids());
         }
         Ok(Some(kept))
     }
@@ -630,10 +633,17 @@ impl Engine {
     /// the generated ids of a retained reply kept for the text they spell
     /// (see [`Engine::prepare`]). Front-ends that must count a prompt's
     /// tokens before queueing it call this and pass the ids on as
-    /// [`Prompt::Tokens`].
-    pub fn prompt_ids(&self, prompt: &Prompt, reuse: bool) -> Result<Vec<u32>, EngineError> {
-        let Some(text) = self.prompt_text(prompt)? else {
-            return self.prompt_tokens(prompt);
+    /// [`Prompt::Ids`].
+    pub fn prompt_ids(&self, prompt: &Prompt, reuse: bool) -> Result<PromptIds, EngineError> {
+        let text = match prompt {
+            Prompt::Tokens(ids) => {
+                return Ok(PromptIds {
+                    ids: ids.clone(),
+                    held: HeldSpans::all(ids.len()),
+                })
+            }
+            Prompt::Ids(p) => return Ok(p.clone()),
+            Prompt::Text(_) | Prompt::Chat { .. } => self.prompt_text(prompt)?.unwrap_or_default(),
         };
         let tokens = self.encode(&text)?;
         if reuse {
@@ -641,18 +651,23 @@ impl Engine {
                 return Ok(kept);
             }
         }
-        Ok(tokens)
+        Ok(PromptIds {
+            ids: tokens,
+            held: HeldSpans::default(),
+        })
     }
 
     /// Tokenizes and checks a request, and sizes what it will hold.
     pub fn prepare(&self, request: GenerateRequest) -> Result<Prepared, EngineError> {
-        let tokens = self.prompt_ids(&request.prompt, request.cache_prompt)?;
+        let PromptIds { ids: tokens, held } =
+            self.prompt_ids(&request.prompt, request.cache_prompt)?;
         self.check(&request, &tokens)?;
         let budget = request.max_tokens.min(self.window - tokens.len());
         let cache_bytes = self.memory.stream_bytes(tokens.len() + budget);
         Ok(Prepared {
             request,
             tokens,
+            held,
             budget,
             cache_bytes,
         })
@@ -689,6 +704,8 @@ impl Engine {
 pub struct Prepared {
     pub(crate) request: GenerateRequest,
     pub(crate) tokens: Vec<u32>,
+    /// The prompt's held spans (retained with its state).
+    pub(crate) held: HeldSpans,
     /// Reply tokens it may produce: `max_tokens`, within the window.
     pub(crate) budget: usize,
     /// Cache bytes it reserves: prompt and every reply position.

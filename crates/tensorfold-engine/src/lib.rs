@@ -33,7 +33,7 @@ pub use engine::{
     DEFAULT_DECODE_SHARE,
 };
 pub use grammar::{Grammar, GrammarSpec};
-pub use prefix::MIN_REUSE;
+pub use prefix::{HeldSpans, PromptIds, MIN_REUSE};
 pub use reply::OnText;
 pub use sampling::{argmax, prompt_seed, Pick, Sampler, SamplingParams};
 pub use template::ChatTemplate;

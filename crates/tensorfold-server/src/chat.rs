@@ -255,7 +255,7 @@ async fn chat_inner(s: Shared, body: &[u8]) -> Result<Response, ApiError> {
     );
     let reuse = generation.cache_prompt.unwrap_or(true);
     let prompt = prompt_ids(&s, prompt, reuse).await?;
-    let reasoning = reasoning::channel(&s.engine, &prompt, body.reasoning_format.as_deref());
+    let reasoning = reasoning::channel(&s.engine, &prompt.ids, body.reasoning_format.as_deref());
     let (mut req, common) = generate_request(&s, &generation, prompt, LengthField::Chat)?;
     compile_grammar(&s, grammar_spec(&generation)?, &mut req).await?;
     if let (Some(tokens), Some(inside)) = (body.max_thinking_tokens, reasoning) {

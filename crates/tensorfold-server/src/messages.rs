@@ -186,7 +186,7 @@ pub async fn count_tokens(State(s): State<Shared>, body: Bytes) -> Response {
         let tools = offered_tools(&body)?;
         let prompt = prompt_of(&body, &tools)?;
         let ids = prompt_ids(&s, prompt, false).await?;
-        Ok(Json(json!({"input_tokens": ids.len()})).into_response())
+        Ok(Json(json!({"input_tokens": ids.ids.len()})).into_response())
     };
     result.await.unwrap_or_else(|e| respond_error(&s, e))
 }
@@ -301,7 +301,7 @@ async fn create(s: &Shared, body: &[u8]) -> Result<Response, ApiError> {
     let prompt = prompt_of(&body, &tools)?;
     let reuse = body.cache_prompt.unwrap_or(true);
     let ids = prompt_ids(s, prompt, reuse).await?;
-    let reasoning = reasoning::channel(&s.engine, &ids, None);
+    let reasoning = reasoning::channel(&s.engine, &ids.ids, None);
     let generation = Generation {
         temperature: body.temperature,
         top_p: body.top_p,
@@ -313,7 +313,7 @@ async fn create(s: &Shared, body: &[u8]) -> Result<Response, ApiError> {
         cache_prompt: body.cache_prompt,
         ..Generation::default()
     };
-    let prompt_len = ids.len();
+    let prompt_len = ids.ids.len();
     let (mut req, _) = generate_request(s, &generation, ids, LengthField::Plain)?;
     if let (
         Some(ThinkingConfig::Enabled {

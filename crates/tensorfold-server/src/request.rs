@@ -7,7 +7,9 @@ use crate::worker::Event;
 use crate::Shared;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
-use tensorfold_engine::{Completion, GenerateRequest, GrammarSpec, Prompt, SamplingParams};
+use tensorfold_engine::{
+    Completion, GenerateRequest, GrammarSpec, Prompt, PromptIds, SamplingParams,
+};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The request's model must be the served one (or absent).
@@ -59,7 +61,7 @@ impl LengthField {
 /// The prompt's ids as the engine will run them (a retained reply's
 /// generated ids kept for the text they spell), rendered and tokenized off
 /// the async runtime's threads.
-pub async fn prompt_ids(s: &Shared, prompt: Prompt, reuse: bool) -> Result<Vec<u32>, ApiError> {
+pub async fn prompt_ids(s: &Shared, prompt: Prompt, reuse: bool) -> Result<PromptIds, ApiError> {
     let engine = s.engine.clone();
     blocking(move || engine.prompt_ids(&prompt, reuse).map_err(ApiError::from)).await
 }
@@ -77,7 +79,7 @@ pub async fn blocking<T: Send + 'static>(
 pub fn generate_request(
     s: &Shared,
     g: &Generation,
-    prompt: Vec<u32>,
+    prompt: PromptIds,
     length: LengthField,
 ) -> Result<(GenerateRequest, Common), ApiError> {
     if let Some(n) = g.n {
@@ -98,22 +100,22 @@ pub fn generate_request(
     };
     sampling.validate().map_err(ApiError::bad_request)?;
     let window = s.engine.window();
-    if prompt.len() >= window {
+    let prompt_len = prompt.ids.len();
+    if prompt_len >= window {
         return Err(ApiError::bad_request(format!(
-            "This model's maximum context length is {window} tokens. However, your prompt has {} tokens.",
-            prompt.len()
+            "This model's maximum context length is {window} tokens. However, your prompt has {prompt_len} tokens.",
         ))
         .code("context_length_exceeded")
         .param("messages"));
     }
-    let room = window - prompt.len();
+    let room = window - prompt_len;
     let max_tokens = match length.read(g) {
         Some((v, key)) if v > room => {
             return Err(ApiError::bad_request(format!(
                 "This model's maximum context length is {window} tokens. However, you requested {} tokens \
                  ({} in the prompt, {v} for the reply).",
-                prompt.len() + v,
-                prompt.len()
+                prompt_len + v,
+                prompt_len
             ))
             .code("context_length_exceeded")
             .param(key))
@@ -126,7 +128,7 @@ pub fn generate_request(
         Some(Logprobs::Count(n)) => Some(n.min(20) as usize),
         _ => None,
     };
-    let mut req = GenerateRequest::new(Prompt::Tokens(prompt));
+    let mut req = GenerateRequest::new(Prompt::Ids(prompt));
     req.max_tokens = max_tokens;
     req.sampling = sampling;
     req.stop = g.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
