@@ -5,13 +5,14 @@
 // Keys come in blocks of 64 counted from position 0, as in ops.cu. A warp
 // takes a tile of 16 slots, each a (row, query head) pair of one kv head,
 // and for one key block computes every slot's partial softmax:
-//   S = Q K^T      q and k rounded to f16, f32 sums, one mma chain over
+//   S = Q K^T      q rounded to f16, k as the cache holds it (f16, rounded
+//                  to nearest by qkv_post), f32 sums, one mma chain over
 //                  the head dimensions in order, from zero;
 //   s = S * scale, or -inf for keys past the slot's position;
 //   m = max of s, p = exp(s - m), l = sum of p (fixed order: a thread's
 //   keys in order, then the quad's xor tree);
-//   O = P V        p and v rounded to f16, one mma chain over the block's
-//                  keys in order, from zero.
+//   O = P V        p rounded to f16, v as cached (f16), one mma chain over
+//                  the block's keys in order, from zero.
 // An mma computes each element from its own row of A, column of B and
 // accumulator alone, so a slot's partial depends on its query and that key
 // block only: not on the tile's other slots, nor on which warp computes it.
@@ -37,13 +38,17 @@
 // bits whichever form ran.
 //
 // Dynamic shared memory: per warp, one staged key block (64 rows of HD + 8
-// floats) and one partial (16 rows of HD + 8 floats, then 16 maxima and
+// halves) and one partial (16 rows of HD + 8 floats, then 16 maxima and
 // 16 sums).
 #include "common.cuh"
 
 #define TF_TC_KEYS 64
-// Floats after each staged row and each partial row: keeps the fragment
-// loads of a warp (half warp, for 8-byte loads) in distinct banks.
+// Elements after each staged row (halves) and each partial row (floats).
+// Staged rows are then HD / 2 + 4 words apart, 4 mod 8 for HD a multiple
+// of 16: the key fragment loads (lanes g * row + t, 32-bit) and the value
+// gathers (rows 2t, columns g, 16-bit) of a warp fall in distinct banks,
+// and rows stay 16-byte aligned for the copies. For the partials' 8-byte
+// loads (half warp) HD + 8 floats keep them apart too.
 #define TF_TC_PAD 8
 // Warps of a block at least: bounds the output column tiles a warp keeps.
 #define TF_TC_MIN_WARPS 4
@@ -68,21 +73,21 @@ __device__ __forceinline__ float tf_tc_fold_value(float o, float v, float2 ac) {
     return __fmaf_rn(v, ac.y, __fmul_rn(o, ac.x));
 }
 
-// Starts copying `keys` rows of HD floats (`stride` floats apart, from
-// `src`) into rows of HD + 8 floats at `stage`; rows past `keys` are zeroed
-// so that masked keys multiply as zeros. Then waits for them and for the
-// warp.
+// Starts copying `keys` rows of HD halves (`stride` halves apart, from
+// `src`) into rows of HD + 8 halves at `stage`; rows past `keys` are
+// zeroed so that masked keys multiply as zeros. Then waits for them and
+// for the warp.
 template <int HD>
-__device__ __forceinline__ void tf_tc_stage(float* stage, const float* src, size_t stride, int keys, int lane) {
-    constexpr int Q4 = HD / 4, KS = HD + TF_TC_PAD;
+__device__ __forceinline__ void tf_tc_stage(__half* stage, const __half* src, size_t stride, int keys, int lane) {
+    constexpr int Q8 = HD / 8, KS = HD + TF_TC_PAD;
     const uint32_t to = tf_shared_addr(stage);
 #pragma unroll 8
-    for (int e = lane; e < TF_TC_KEYS * Q4; e += 32) {
-        const int j = e / Q4, d = 4 * (e % Q4);
+    for (int e = lane; e < TF_TC_KEYS * Q8; e += 32) {
+        const int j = e / Q8, d = 8 * (e % Q8);
         if (j < keys)
-            tf_cp16_to(to + 4 * (j * KS + d), src + (size_t)j * stride + d);
+            tf_cp16_to(to + 2 * (j * KS + d), src + (size_t)j * stride + d);
         else
-            *reinterpret_cast<float4*>(stage + j * KS + d) = make_float4(0.f, 0.f, 0.f, 0.f);
+            *reinterpret_cast<uint4*>(stage + j * KS + d) = make_uint4(0, 0, 0, 0);
     }
     tf_cp_commit();
     tf_cp_wait<0>();
@@ -100,8 +105,9 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
     extern __shared__ float4 smem4[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, W = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    float* stage = reinterpret_cast<float*>(smem4) + warp * TF_TC_KEYS * KS;
-    float* parts = reinterpret_cast<float*>(smem4) + W * TF_TC_KEYS * KS;
+    __half* stage = reinterpret_cast<__half*>(smem4) + warp * TF_TC_KEYS * KS;
+    // W * 64 * KS halves: a multiple of 16 bytes.
+    float* parts = reinterpret_cast<float*>(reinterpret_cast<__half*>(smem4) + W * TF_TC_KEYS * KS);
     float* mine = parts + warp * tf_tc_part_floats<HD>();
     const int group = heads / kv_heads, kvw = kv_heads * HD;
     const int h0 = blockIdx.y * hb, kvh = h0 / group, r0 = blockIdx.x * rw;
@@ -142,8 +148,8 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                 qa[kk][c] = tf_h2_of(v.x, v.y);
             }
         const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)kvh * HD;
-        const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
-        const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+        const __half* K = reinterpret_cast<const __half*>(k_base[sq]) + off;
+        const __half* V = reinterpret_cast<const __half*>(v_base[sq]) + off;
 
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
         float o[MINE][4] = {};
@@ -165,10 +171,11 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                 for (int j = 0; j < 8; j++)
 #pragma unroll
                     for (int kk = 0; kk < KSTEPS; kk++) {
-                        const float* kr = stage + (8 * j + g) * KS + 16 * kk + 2 * t;
-                        const float2 lo = *reinterpret_cast<const float2*>(kr);
-                        const float2 hi = *reinterpret_cast<const float2*>(kr + 8);
-                        const uint32_t b[2] = {tf_h2_of(lo.x, lo.y), tf_h2_of(hi.x, hi.y)};
+                        // Key 8j + g, dimensions 16kk + 2t, +1 and +8, +9:
+                        // two cached pairs, already in B's order.
+                        const __half* kr = stage + (8 * j + g) * KS + 16 * kk + 2 * t;
+                        const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kr),
+                                               *reinterpret_cast<const uint32_t*>(kr + 8)};
                         tf_mma(s[j], qa[kk], b);
                     }
                 // Scores, the block's max and weights, slot by slot.
@@ -225,8 +232,12 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                     float d[4] = {};
 #pragma unroll
                     for (int kk = 0; kk < 4; kk++) {
-                        const float* vc = stage + (16 * kk + 2 * t) * KS + 8 * nt + g;
-                        const uint32_t b[2] = {tf_h2_of(vc[0], vc[KS]), tf_h2_of(vc[8 * KS], vc[9 * KS])};
+                        // Dimension 8nt + g of keys 16kk + 2t, +1 and +8, +9:
+                        // each pair from two rows, the lower key in the low half.
+                        const unsigned short* vc =
+                            reinterpret_cast<const unsigned short*>(stage) + (16 * kk + 2 * t) * KS + 8 * nt + g;
+                        const uint32_t b[2] = {(uint32_t)vc[0] | ((uint32_t)vc[KS] << 16),
+                                               (uint32_t)vc[8 * KS] | ((uint32_t)vc[9 * KS] << 16)};
                         tf_mma(d, pa[kk], b);
                     }
                     if (part) {

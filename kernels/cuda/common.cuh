@@ -104,6 +104,10 @@ __device__ __forceinline__ void tf_cp16_to(uint32_t to, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(to), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void tf_cp16(void* smem, const void* gmem) { tf_cp16_to(tf_shared_addr(smem), gmem); }
+// The same for 8 bytes (both addresses 8-byte aligned).
+__device__ __forceinline__ void tf_cp8(void* smem, const void* gmem) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(tf_shared_addr(smem)), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void tf_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most one group of this thread's copies is in flight.
 __device__ __forceinline__ void tf_cp_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }

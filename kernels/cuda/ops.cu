@@ -131,8 +131,9 @@ extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
 
 // After the fused q|k|v product: bias, per-head norm (qwen3), rotary
 // embedding from the row's absolute position, then q to `q_out` and k, v
-// into the row's sequence cache. Grid (rows, heads + 2 * kv_heads), one
-// warp per head vector.
+// into the row's sequence cache, rounded to f16 (to nearest: the rounding
+// the tensor-core attention applies to its inputs, so it reads the cache
+// as it is). Grid (rows, heads + 2 * kv_heads), one warp per head vector.
 extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, int hd,
                                     const float* q_bias, const float* k_bias, const float* v_bias,
                                     const float* q_norm, const float* k_norm, float eps,
@@ -173,22 +174,23 @@ extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, i
         }
         __syncwarp();
     }
-    float* dst;
     if (kind == 0) {
-        dst = q_out + (size_t)r * qw + (size_t)hv * hd;
+        float* dst = q_out + (size_t)r * qw + (size_t)hv * hd;
+        for (int i = lane; i < hd; i += 32) dst[i] = v[i];
     } else {
         const long long sq = row_seq[r];
-        float* base = reinterpret_cast<float*>(kind == 1 ? k_base[sq] : v_base[sq]);
+        __half* base = reinterpret_cast<__half*>(kind == 1 ? k_base[sq] : v_base[sq]);
         const int kvh = kind == 1 ? hv - heads : hv - heads - kv_heads;
-        dst = base + ((size_t)layer * cap[sq] + pos) * kvw + (size_t)kvh * hd;
+        __half* dst = base + ((size_t)layer * cap[sq] + pos) * kvw + (size_t)kvh * hd;
+        for (int i = lane; i < hd; i += 32) dst[i] = __float2half_rn(v[i]);
     }
-    for (int i = lane; i < hd; i += 32) dst[i] = v[i];
 }
 
 #define TF_KEY_BLOCK 64
 #define TF_MAX_HD 256
-// Floats between staged keys: 4 of padding so the float4 reads of a
-// quarter warp's lanes (one key each) fall in distinct banks.
+// Halves between staged keys: 4 of padding so the 8-byte reads of a half
+// warp's lanes (one key each) fall in distinct banks (for head dimensions
+// that are a multiple of 8).
 #define TF_KEY_PAD 4
 
 // Causal attention of (row, head) pairs over keys 0..=pos of their
@@ -200,14 +202,24 @@ extern "C" __global__ void qkv_post(const float* qkv, int heads, int kv_heads, i
 // order (`tf_fold`). A block's partial depends on that block alone, so
 // blocks may be computed by any warp in any order; only the fold is a
 // chain. Nothing depends on other rows or on chunking.
+//
+// The cache holds keys and values in f16 (`qkv_post`); these kernels widen
+// each to f32 as they load it (exactly) and do all arithmetic in f32. So
+// they see the same numbers whichever row, chunk or batch reads them.
 struct TfKeyBlock {
     float p[2];  // this lane's keys' weights (0 for keys past the end)
     float max, sum;
 };
 
+// Four consecutive cached halves (8-byte aligned) widened to floats.
+__device__ __forceinline__ float4 tf_h4_f(const __half* p) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    return make_float4(tf_h2f(w.x & 0xFFFF), tf_h2f(w.x >> 16), tf_h2f(w.y & 0xFFFF), tf_h2f(w.y >> 16));
+}
+
 // The head dimension a lane keeps in slot t of its value sums: four
-// consecutive ones per 128, so values load as float4 (a dimension's sum
-// does not depend on which lane keeps it).
+// consecutive ones per 128, so values load four at a time (a dimension's
+// sum does not depend on which lane keeps it).
 __device__ __forceinline__ int tf_dim(int lane, int t) { return 128 * (t >> 2) + 4 * lane + (t & 3); }
 
 // One key block scored for R query rows of one sequence (queries hd
@@ -216,18 +228,18 @@ __device__ __forceinline__ int tf_dim(int lane, int t) { return 128 * (t >> 2) +
 // dimensions. The rows share every key load; a row's arithmetic is the
 // same for any R.
 template <int R>
-__device__ __forceinline__ void tf_key_blocks(const float* qs, const float* kb, size_t stride, const int valid[R],
+__device__ __forceinline__ void tf_key_blocks(const float* qs, const __half* kb, size_t stride, const int valid[R],
                                               int lane, int hd, float scale, TfKeyBlock b[R]) {
     int most = 0;
 #pragma unroll
     for (int r = 0; r < R; r++) most = max(most, valid[r]);
-    const float* k0 = kb + (lane < most ? lane : 0) * stride;
-    const float* k1 = kb + (32 + lane < most ? 32 + lane : 0) * stride;
+    const __half* k0 = kb + (lane < most ? lane : 0) * stride;
+    const __half* k1 = kb + (32 + lane < most ? 32 + lane : 0) * stride;
     float a[R][2] = {};
 #pragma unroll(R == 1 ? 8 : 2)
     for (int d = 0; d < hd; d += 4) {
-        const float4 x0 = *reinterpret_cast<const float4*>(k0 + d);
-        const float4 x1 = *reinterpret_cast<const float4*>(k1 + d);
+        const float4 x0 = tf_h4_f(k0 + d);
+        const float4 x1 = tf_h4_f(k1 + d);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const float4 qd = *reinterpret_cast<const float4*>(qs + r * hd + d);
@@ -258,7 +270,7 @@ __device__ __forceinline__ void tf_key_blocks(const float* qs, const float* kb, 
 // load, and the loads of KEYS keys are issued before their multiply-adds
 // so they overlap (as many as registers allow).
 template <int R, int NT, int KEYS = R == 1 ? 8 : 2>
-__device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const float* vb, size_t stride,
+__device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const __half* vb, size_t stride,
                                                     const int valid[R], int lane, int hd, float o[R][NT]) {
     int most = 0;
 #pragma unroll
@@ -271,12 +283,11 @@ __device__ __forceinline__ void tf_key_block_values(const TfKeyBlock b[R], const
         float vv[KEYS][NT];
 #pragma unroll
         for (int k = 0; k < KEYS; k++) {
-            const float* vr = vb + (size_t)min(j0 + k, most - 1) * stride;
+            const __half* vr = vb + (size_t)min(j0 + k, most - 1) * stride;
 #pragma unroll
             for (int c = 0; c < NT / 4; c++) {
                 const bool in = tf_dim(lane, 4 * c) < hd;
-                const float4 v = in ? *reinterpret_cast<const float4*>(vr + tf_dim(lane, 4 * c))
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 v = in ? tf_h4_f(vr + tf_dim(lane, 4 * c)) : make_float4(0.f, 0.f, 0.f, 0.f);
                 vv[k][4 * c] = v.x;
                 vv[k][4 * c + 1] = v.y;
                 vv[k][4 * c + 2] = v.z;
@@ -357,8 +368,8 @@ __device__ __forceinline__ void tf_softmax_store(const TfSoftmax<NT>& f, float* 
 // landing while the other is used) for every warp whose rows belong to
 // that sequence; rows of other sequences read theirs from global memory.
 // All run the very same arithmetic per row, only from another address.
-// Dynamic shared memory: (2 * 64 * (hd + 4) + TF_ATT_ROWS * warps * hd)
-// floats.
+// Dynamic shared memory: 2 * 64 * (hd + 4) halves (keys and values), then
+// TF_ATT_ROWS * warps * hd floats (queries).
 #define TF_ATT_ROWS 2
 template <int NT>
 __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int heads, int kv_heads, int hd,
@@ -368,13 +379,14 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
                                              int rows, int hb, int stage) {
     constexpr int R = TF_ATT_ROWS;
     extern __shared__ float4 staged4[];
-    float* staged_kv = reinterpret_cast<float*>(staged4);
+    __half* staged_kv = reinterpret_cast<__half*>(staged4);
     const int ks = hd + TF_KEY_PAD;
     const int group = heads / kv_heads, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.y * hb + warp % hb, kvh = h / group, kvw = kv_heads * hd;
     const int r0 = blockIdx.x * rows, first = R * (warp / hb);
-    float* staged_v = staged_kv + TF_KEY_BLOCK * ks;
-    float* qs = staged_v + TF_KEY_BLOCK * ks + warp * R * hd;
+    __half* staged_v = staged_kv + TF_KEY_BLOCK * ks;
+    // 2 * 64 * ks halves: a multiple of 16 bytes, as ks is of 4.
+    float* qs = reinterpret_cast<float*>(staged_v + TF_KEY_BLOCK * ks) + warp * R * hd;
 
     // Key ranges: of all the block's rows, and of those staged.
     const long long sq0 = row_seq[r0];
@@ -387,7 +399,7 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
     // This warp's rows: their sequence, keys, cache and query.
     bool live[R], staged[R];
     long long seq[R], n[R];
-    const float *K[R], *V[R];
+    const __half *K[R], *V[R];
 #pragma unroll
     for (int i = 0; i < R; i++) {
         const int r = r0 + first + i;
@@ -396,8 +408,8 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
         n[i] = live[i] ? row_pos[r] + 1 : 0;
         staged[i] = stage && seq[i] == sq0;
         const size_t off = (size_t)layer * cap[seq[i]] * kvw + (size_t)kvh * hd;
-        K[i] = reinterpret_cast<const float*>(k_base[seq[i]]) + off;
-        V[i] = reinterpret_cast<const float*>(v_base[seq[i]]) + off;
+        K[i] = reinterpret_cast<const __half*>(k_base[seq[i]]) + off;
+        V[i] = reinterpret_cast<const __half*>(v_base[seq[i]]) + off;
         if (live[i]) {
             const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
             for (int d = lane; d < hd; d += 32) qs[i * hd + d] = qr[d];
@@ -408,8 +420,8 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
 #pragma unroll
     for (int i = 1; i < R; i++) together = together && (!live[i] || seq[i] == seq[0]);
     const size_t off0 = (size_t)layer * cap[sq0] * kvw + (size_t)kvh * hd;
-    const float* K0 = reinterpret_cast<const float*>(k_base[sq0]) + off0;
-    const float* V0 = reinterpret_cast<const float*>(v_base[sq0]) + off0;
+    const __half* K0 = reinterpret_cast<const __half*>(k_base[sq0]) + off0;
+    const __half* V0 = reinterpret_cast<const __half*>(v_base[sq0]) + off0;
     __syncwarp();
 
     TfSoftmax<NT> f[R];
@@ -417,12 +429,13 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
     for (int i = 0; i < R; i++) tf_softmax_start(f[i]);
     const int quads = hd / 4;
     // Keys (or values) of block b0 that are staged, copied into `to`
-    // asynchronously as one group of copies (empty past the staged range).
-    auto stage_block = [&](const float* from, float* to, long long b0) {
+    // asynchronously as one group of copies (empty past the staged range),
+    // four halves a copy (head dimensions are a multiple of 4 only).
+    auto stage_block = [&](const __half* from, __half* to, long long b0) {
         const int held = (int)max(0LL, min((long long)TF_KEY_BLOCK, n_staged - b0));
         for (int e = threadIdx.x; e < held * quads; e += blockDim.x) {
             const int j = e / quads, d = 4 * (e % quads);
-            tf_cp16(to + j * ks + d, from + (size_t)(b0 + j) * kvw + d);
+            tf_cp8(to + j * ks + d, from + (size_t)(b0 + j) * kvw + d);
         }
         tf_cp_commit();
     };
@@ -433,7 +446,7 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
     for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
         int valid[R];
         bool any = false;
-        const float *kb[R], *vb[R];
+        const __half *kb[R], *vb[R];
         size_t stride[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
@@ -521,8 +534,8 @@ __device__ __forceinline__ void tf_attention_split(const float* __restrict__ q, 
     const int r = blockIdx.x, h = blockIdx.y, kvh = h / (heads / kv_heads), kvw = kv_heads * hd;
     const long long sq = row_seq[r], n = row_pos[r] + 1;
     const size_t off = (size_t)layer * cap[sq] * kvw + (size_t)kvh * hd;
-    const float* K = reinterpret_cast<const float*>(k_base[sq]) + off;
-    const float* V = reinterpret_cast<const float*>(v_base[sq]) + off;
+    const __half* K = reinterpret_cast<const __half*>(k_base[sq]) + off;
+    const __half* V = reinterpret_cast<const __half*>(v_base[sq]) + off;
     const float* qr = q + (size_t)r * heads * hd + (size_t)h * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();

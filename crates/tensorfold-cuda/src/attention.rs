@@ -7,8 +7,9 @@
 /// Head dimensions with a tensor-core kernel; other widths take the f32
 /// kernels of `ops.cu`.
 pub(crate) const HEAD_DIMS: [usize; 5] = [16, 32, 64, 96, 128];
-/// Keys per block (`TF_TC_KEYS`) and floats of padding after each staged
-/// row (`TF_TC_PAD`).
+/// Keys per block (`TF_TC_KEYS`) and elements of padding after each row
+/// (`TF_TC_PAD`): halves after a staged key or value row, floats after a
+/// partial's row.
 const KEYS: usize = 64;
 const PAD: usize = 8;
 /// Warps of a block: at least `TF_TC_MIN_WARPS` (each warp keeps at most
@@ -62,10 +63,10 @@ pub(crate) fn key_blocks(positions: usize) -> usize {
     positions.div_ceil(KEYS)
 }
 
-/// Shared memory of one warp: a staged key block and a partial (16 rows,
-/// then 16 maxima and 16 sums).
+/// Shared memory of one warp: a staged key block (f16, as cached) and a
+/// partial (16 rows, then 16 maxima and 16 sums, f32).
 fn warp_bytes(hd: usize) -> usize {
-    4 * (KEYS * (hd + PAD) + SLOTS * (hd + PAD) + 2 * SLOTS)
+    2 * KEYS * (hd + PAD) + 4 * (SLOTS * (hd + PAD) + 2 * SLOTS)
 }
 
 /// Warps of a block for head dimension `hd`: as many as shared memory

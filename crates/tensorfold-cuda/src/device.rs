@@ -179,16 +179,16 @@ const ATTENTION_ROWS: usize = 2;
 /// registers); wider heads, up to 256, take the others.
 const NARROW_HEADS: usize = 128;
 /// Keys per attention block (`TF_KEY_BLOCK`) and the padding between
-/// staged keys (`TF_KEY_PAD`).
+/// staged keys (`TF_KEY_PAD`, in halves).
 const KEY_BLOCK: usize = 64;
 const KEY_PAD: usize = 4;
 /// Rows from which attention stages key blocks in shared memory.
 const STAGE_KEYS_FROM: usize = 16;
 
 /// Dynamic shared memory of an attention block: one staged block of keys
-/// and one of values, and every warp's queries.
+/// and one of values (f16, as cached), and every warp's queries (f32).
 fn attention_shared(head_dim: usize, warps: usize) -> usize {
-    4 * (2 * KEY_BLOCK * (head_dim + KEY_PAD) + ATTENTION_ROWS * warps * head_dim)
+    KV_BYTES * 2 * KEY_BLOCK * (head_dim + KEY_PAD) + 4 * ATTENTION_ROWS * warps * head_dim
 }
 
 /// Warps of an `attention_split` block, each taking one key block of a
@@ -942,6 +942,12 @@ impl CudaModel {
             len: 0,
             kv: None,
         }
+    }
+
+    /// Bytes a cache of this model takes per position (keys and values of
+    /// every layer, f16): what the memory budget reserves.
+    pub fn cache_bytes_per_position(&self) -> usize {
+        self.new_cache().bytes_per_position()
     }
 
     /// An empty cache with room for `positions` before it grows.
@@ -1795,18 +1801,23 @@ impl CudaModel {
     }
 }
 
-/// One sequence's keys and values on the device (f32, as the forward made
-/// them). Layer `l`'s keys for position `p` sit at `(l * cap + p) * width`;
-/// growing copies what is held into a larger allocation. Truncation only
-/// shortens the length, so a rolled-back cache is bitwise the cache that
-/// never saw the dropped positions.
+/// Bytes of one cached key or value element: f16 bits.
+const KV_BYTES: usize = 2;
+
+/// One sequence's keys and values on the device, as f16 bits: the forward
+/// rounds them to nearest once, when it writes them (`qkv_post`), which is
+/// the rounding the tensor-core attention gives its inputs, so it reads
+/// them as they are. Layer `l`'s keys for position `p` sit at
+/// `(l * cap + p) * width`; growing copies what is held into a larger
+/// allocation. Truncation only shortens the length, so a rolled-back cache
+/// is bitwise the cache that never saw the dropped positions.
 pub struct CudaKv {
     stream: Arc<CudaStream>,
     layers: usize,
     width: usize,
     cap: usize,
     len: usize,
-    kv: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    kv: Option<(CudaSlice<u16>, CudaSlice<u16>)>,
 }
 
 impl CudaKv {
@@ -1831,12 +1842,17 @@ impl CudaKv {
 
     /// Bytes held by stored positions (keys and values, all layers).
     pub fn bytes(&self) -> usize {
-        self.len * self.layers * self.width * 2 * 4
+        self.len * self.bytes_per_position()
     }
 
     /// Bytes allocated on the device.
     pub fn allocated_bytes(&self) -> usize {
-        self.cap * self.layers * self.width * 2 * 4
+        self.cap * self.bytes_per_position()
+    }
+
+    /// Bytes one position takes: keys and values of every layer.
+    fn bytes_per_position(&self) -> usize {
+        self.layers * self.width * 2 * KV_BYTES
     }
 
     fn ptrs(&self) -> (u64, u64) {
@@ -1898,8 +1914,8 @@ impl CudaKv {
         if cap > 0 {
             let n = self.layers * cap * self.width;
             next.kv = Some((
-                self.stream.alloc_zeros::<f32>(n)?,
-                self.stream.alloc_zeros::<f32>(n)?,
+                self.stream.alloc_zeros::<u16>(n)?,
+                self.stream.alloc_zeros::<u16>(n)?,
             ));
         }
         self.copy_held(&mut next)?;

@@ -41,7 +41,7 @@ pub use tensorfold_sampling::{Draw, SeqRows};
 
 /// Whether attention runs on the tensor cores (queries, keys, weights and
 /// values rounded to f16) for heads `head_dim` wide; other widths take f32
-/// kernels.
+/// kernels, which widen the cached f16 keys and values.
 #[cfg(feature = "cuda")]
 pub fn attention_on_tensor_cores(head_dim: usize) -> bool {
     attention::kernels(head_dim).is_some()

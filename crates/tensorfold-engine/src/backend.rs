@@ -135,6 +135,17 @@ impl Device {
         }
     }
 
+    /// Bytes a cache of `model` on this device takes per position: the
+    /// memory budget's share of a position. The CUDA cache stores f16;
+    /// the others are counted at f32, the most any device stores.
+    pub(crate) fn cache_bytes_per_position(&self, model: &Model) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(m) = self {
+            return m.cache_bytes_per_position();
+        }
+        model.config.kv_shape().bytes_per_position()
+    }
+
     /// An empty cache for one sequence, with room for `positions`.
     pub(crate) fn new_cache(
         &self,

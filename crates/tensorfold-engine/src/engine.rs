@@ -267,7 +267,7 @@ impl Engine {
     /// fixed; the rest holds caches.
     fn size_memory(&mut self) -> Result<(), EngineError> {
         let config = &self.bundle.model.config;
-        let mut per_position = config.kv_shape().bytes_per_position();
+        let mut per_position = self.device.cache_bytes_per_position(&self.bundle.model);
         if let Some(d) = &self.draft_model {
             per_position += d.config.kv_shape().bytes_per_position();
         }

@@ -54,7 +54,8 @@ impl KvShape {
     }
 
     /// Bytes one position takes across all layers, keys and values, in
-    /// f32: the most any device stores (the CPU cache stores half of it).
+    /// f32: the most any device stores (the CPU and CUDA caches store half
+    /// of it).
     pub fn bytes_per_position(&self) -> usize {
         self.layers * self.width() * 2 * std::mem::size_of::<f32>()
     }
