@@ -27,7 +27,9 @@ impl<'e> Batch<'e> {
     pub(crate) fn new(engine: &'e Engine) -> Batch<'e> {
         Batch {
             engine,
-            scheduler: Scheduler::new(engine.decode_share()),
+            scheduler: Scheduler::new(engine.decode_share())
+                .with_min_prefill(engine.min_prefill())
+                .with_decode_rows(engine.decode_rows()),
             reserved: HashMap::new(),
             cached_tokens: HashMap::new(),
             held: HashMap::new(),
@@ -37,6 +39,11 @@ impl<'e> Batch<'e> {
     /// Live streams.
     pub fn len(&self) -> usize {
         self.scheduler.len()
+    }
+
+    /// Live streams still prefilling their prompts (no token yet).
+    pub fn prefilling(&self) -> usize {
+        self.scheduler.prefilling()
     }
 
     pub fn is_empty(&self) -> bool {

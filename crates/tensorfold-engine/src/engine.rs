@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tensorfold_models::{Bundle, Model, ModelConfig, ModelError};
 use tensorfold_scheduler::memory::{self, BudgetError, MemoryBudget};
-use tensorfold_scheduler::{MAX_DEPTH, PREFILL_CHUNK};
+use tensorfold_scheduler::{MAX_DEPTH, MIN_PREFILL, PREFILL_CHUNK};
 use tensorfold_spec::{AutoDrafter, ContextConfig, ContextDrafter, DraftStats, Drafter};
 
 /// Why a request could not be served.
@@ -190,6 +190,9 @@ pub const DEFAULT_CHECKPOINT_SLOTS: usize = 32;
 
 /// Default share of a round's rows kept by decoding replies while prompts prefill.
 pub const DEFAULT_DECODE_SHARE: f64 = 0.5;
+
+/// Decode rows a GPU round holds at most (see [`Engine::decode_rows`]).
+pub const GPU_DECODE_ROWS: usize = 64;
 
 /// A loaded model ready to serve requests.
 pub struct Engine {
@@ -423,6 +426,31 @@ impl Engine {
 
     pub fn decode_share(&self) -> f64 {
         self.decode_share
+    }
+
+    /// Fewest prompt rows a round takes while replies decode: on the CPU,
+    /// where every row costs about as much as the next, a small share
+    /// ([`MIN_PREFILL`]); on a GPU, where a round of hundreds of rows costs a
+    /// few times one of a few rows (the weights are read once either way),
+    /// a whole chunk.
+    pub fn min_prefill(&self) -> usize {
+        match self.device {
+            Device::Cpu => MIN_PREFILL,
+            #[allow(unreachable_patterns)]
+            _ => PREFILL_CHUNK,
+        }
+    }
+
+    /// Most decode rows (pending tokens and drafts) a round holds: on a GPU,
+    /// the rows its small-batch forward keeps cheap ([`GPU_DECODE_ROWS`]), so
+    /// drafts of many streams never push a round onto the many-row kernels;
+    /// unlimited on the CPU, where the drafter weighs each row's cost.
+    pub fn decode_rows(&self) -> usize {
+        match self.device {
+            Device::Cpu => usize::MAX,
+            #[allow(unreachable_patterns)]
+            _ => GPU_DECODE_ROWS,
+        }
     }
 
     /// The memory budget and how it is spent.

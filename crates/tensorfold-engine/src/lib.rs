@@ -30,7 +30,7 @@ pub use draft_model::{check_pair, DraftModel, DraftPairError};
 pub use engine::{
     Completion, DrafterChoice, Engine, EngineError, FinishReason, GenerateRequest, Parallel,
     Prepared, Prompt, TokenLogprob, AUTO_MAX_STREAMS, DEFAULT_CHECKPOINT_SLOTS,
-    DEFAULT_DECODE_SHARE,
+    DEFAULT_DECODE_SHARE, GPU_DECODE_ROWS,
 };
 pub use grammar::{Grammar, GrammarSpec};
 pub use prefix::{HeldSpans, PromptIds, MIN_REUSE};

@@ -162,6 +162,10 @@ pub struct Scheduler<C, K = KvCache> {
     streams: Vec<Stream<C, K>>,
     next_id: u64,
     decode_share: f64,
+    /// Fewest prompt rows a round takes while replies decode.
+    min_prefill: usize,
+    /// Most decode rows (pending tokens and drafts) a round holds.
+    decode_rows: usize,
 }
 
 impl<C: Client, K: Cache> Scheduler<C, K> {
@@ -173,7 +177,29 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
             streams: Vec::new(),
             next_id: 0,
             decode_share: decode_share.clamp(0.05, 1.0),
+            min_prefill: MIN_PREFILL,
+            decode_rows: usize::MAX,
         }
+    }
+
+    /// Rounds hold at most `rows` decode rows: drafts are cut (evenly per
+    /// stream) so that every decoding stream's pending token and drafts fit.
+    /// A backend whose forward stays cheap only up to some rows (a GPU's
+    /// captured small-batch forward) sets it; drafting cannot then slow a
+    /// full batch. Unlimited unless set.
+    pub fn with_decode_rows(mut self, rows: usize) -> Scheduler<C, K> {
+        self.decode_rows = rows.max(1);
+        self
+    }
+
+    /// Rounds give waiting prompts at least `rows` rows (up to
+    /// [`PREFILL_CHUNK`]; [`MIN_PREFILL`] unless set), whatever the decode
+    /// share. A backend where a round of hundreds of rows costs a few times
+    /// one of a few rows (a GPU) takes whole chunks, so prompts reach their
+    /// first token in a few rounds instead of dozens.
+    pub fn with_min_prefill(mut self, rows: usize) -> Scheduler<C, K> {
+        self.min_prefill = rows.clamp(1, PREFILL_CHUNK);
+        self
     }
 
     /// Adds a stream that continues `prompt` (not empty) with at most
@@ -215,6 +241,14 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
     /// Live streams.
     pub fn len(&self) -> usize {
         self.streams.len()
+    }
+
+    /// Live streams still prefilling their prompts (no token yet).
+    pub fn prefilling(&self) -> usize {
+        self.streams
+            .iter()
+            .filter(|s| s.first_token.is_none())
+            .count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -313,13 +347,18 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
 
     /// Each stream's rows for the next round.
     fn plan(&mut self) -> Vec<Rows> {
+        let streams_decoding = self.streams.iter().filter(|s| s.pending.is_some()).count();
+        let depth = (self.decode_rows / streams_decoding.max(1)).saturating_sub(1);
         let mut rows: Vec<Rows> = self
             .streams
             .iter_mut()
             .map(|s| match s.pending {
                 Some(t) => {
                     // Drafts plus the bonus never pass the budget.
-                    let room = (s.budget - s.produced).saturating_sub(1).min(MAX_DEPTH);
+                    let room = (s.budget - s.produced)
+                        .saturating_sub(1)
+                        .min(MAX_DEPTH)
+                        .min(depth);
                     let drafts = match &mut s.drafter {
                         Some(d) if room > 0 => d.propose(&s.context, room),
                         _ => Vec::new(),
@@ -339,7 +378,8 @@ impl<C: Client, K: Cache> Scheduler<C, K> {
             PREFILL_CHUNK
         } else {
             let f = self.decode_share;
-            ((decoding as f64 * (1.0 - f) / f).ceil() as usize).clamp(MIN_PREFILL, PREFILL_CHUNK)
+            ((decoding as f64 * (1.0 - f) / f).ceil() as usize)
+                .clamp(self.min_prefill, PREFILL_CHUNK)
         };
         // Prompts prefill in arrival order.
         for (s, r) in self.streams.iter().zip(rows.iter_mut()) {

@@ -18,6 +18,13 @@ pub struct Metrics {
     pub drafted: AtomicU64,
     pub accepted: AtomicU64,
     pub rounds: AtomicU64,
+    /// Shared rounds the worker ran (each one forward for every live stream).
+    pub steps: AtomicU64,
+    /// Live streams summed over those rounds (over `steps`: the mean batch).
+    pub step_streams: AtomicU64,
+    /// Microseconds spent in those rounds (the rest of the time the worker
+    /// waited for work or admitted it).
+    pub step_micros: AtomicU64,
     pub queued: AtomicU64,
     pub running: AtomicU64,
     /// Prompt tokens taken from retained states instead of prefilled.
@@ -205,6 +212,24 @@ impl Metrics {
                 "counter",
                 "Verification rounds.",
                 g(&self.rounds),
+            ),
+            (
+                "tensorfold_steps_total",
+                "counter",
+                "Shared rounds run, each one forward for every live stream.",
+                g(&self.steps),
+            ),
+            (
+                "tensorfold_step_streams_total",
+                "counter",
+                "Live streams summed over the shared rounds (divided by the rounds: the mean batch).",
+                g(&self.step_streams),
+            ),
+            (
+                "tensorfold_step_microseconds_total",
+                "counter",
+                "Time spent in shared rounds.",
+                g(&self.step_micros),
             ),
             (
                 "tensorfold_queue_depth",

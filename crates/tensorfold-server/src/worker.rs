@@ -198,7 +198,24 @@ fn run(
         }
         metrics.running.store(batch.len() as u64, Ordering::Relaxed);
         let mut device_failed = false;
-        for (id, completion) in batch.step() {
+        let started = std::time::Instant::now();
+        let finished = batch.step();
+        metrics.steps.fetch_add(1, Ordering::Relaxed);
+        metrics.step_streams.fetch_add(
+            batch.len() as u64 + finished.len() as u64,
+            Ordering::Relaxed,
+        );
+        metrics
+            .step_micros
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        tracing::trace!(
+            streams = batch.len() + finished.len(),
+            prefilling = batch.prefilling(),
+            finished = finished.len(),
+            micros = started.elapsed().as_micros() as u64,
+            "round"
+        );
+        for (id, completion) in finished {
             let pieces = streamed.remove(&id);
             match &completion {
                 Ok(c) => {

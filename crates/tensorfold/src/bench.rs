@@ -48,6 +48,28 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         }
     }
     let mut failed = 0;
+    let n_prompt = args.prompt.first().copied().unwrap_or(0).max(1);
+    let n_gen = args.decode.first().copied().unwrap_or(0).max(1);
+    for &streams in args.streams.iter().filter(|&&s| s > 0) {
+        match time_streams(&engine, vocab, streams, n_prompt, n_gen) {
+            Ok(cell) => {
+                eprintln!(
+                    "{:<14} {:>10.1} tokens/s  ({} rounds, median {:.2} ms, slowest {:.2} ms; every first token after {:.2} s)",
+                    cell.test,
+                    cell.tokens_per_s,
+                    cell.rounds,
+                    cell.round_ms_median,
+                    cell.round_ms_max,
+                    cell.first_tokens_s
+                );
+                println!("{}", serde_json::to_string(&cell)?);
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("streams {streams:<6} failed: {e:#}");
+            }
+        }
+    }
     for (test, n_prompt, n_gen, n_depth) in cells {
         match time_cell(&engine, vocab, repetitions, n_prompt, n_gen, n_depth) {
             Ok(samples) => {
@@ -107,6 +129,77 @@ fn time_cell(
         samples.push(rate);
     }
     Ok(samples)
+}
+
+/// A shared-batch cell's result.
+#[derive(Serialize)]
+struct StreamsCell {
+    /// `pp200+tg128x16`: each of 16 streams prefills 200 and decodes 128.
+    test: String,
+    streams: usize,
+    n_prompt: usize,
+    n_gen: usize,
+    /// Reply tokens of every stream over the wall time, prefill included.
+    tokens_per_s: f64,
+    /// Seconds until every stream had its first token.
+    first_tokens_s: f64,
+    rounds: usize,
+    round_ms_median: f64,
+    round_ms_max: f64,
+}
+
+/// `streams` greedy requests admitted together into one batch and stepped
+/// until all are done: the engine's side of serving, without HTTP.
+fn time_streams(
+    engine: &Engine,
+    vocab: usize,
+    streams: usize,
+    n_prompt: usize,
+    n_gen: usize,
+) -> Result<StreamsCell> {
+    use std::time::Instant;
+    let started = Instant::now();
+    let mut batch = engine.batch();
+    for i in 0..streams {
+        let mut request = GenerateRequest::new(Prompt::Tokens(random_tokens(
+            vocab,
+            n_prompt,
+            1000 + i as u64,
+        )));
+        request.max_tokens = n_gen;
+        request.ignore_eos = true;
+        request.draft = false;
+        request.cache_prompt = false;
+        batch.admit(engine.prepare(request)?, |_: &str| true)?;
+    }
+    let mut rounds = Vec::new();
+    let mut produced = 0;
+    let mut first_tokens = None;
+    while !batch.is_empty() {
+        let round = Instant::now();
+        for (_, done) in batch.step() {
+            produced += done?.completion_tokens;
+        }
+        rounds.push(round.elapsed().as_secs_f64() * 1e3);
+        if first_tokens.is_none() && batch.prefilling() == 0 {
+            first_tokens = Some(started.elapsed());
+        }
+    }
+    let wall = started.elapsed();
+    if produced != streams * n_gen {
+        bail!("{produced} of {} tokens decoded", streams * n_gen);
+    }
+    Ok(StreamsCell {
+        test: format!("pp{n_prompt}+tg{n_gen}x{streams}"),
+        streams,
+        n_prompt,
+        n_gen,
+        tokens_per_s: produced as f64 / seconds(wall),
+        first_tokens_s: first_tokens.unwrap_or(wall).as_secs_f64(),
+        rounds: rounds.len(),
+        round_ms_median: median(&rounds),
+        round_ms_max: rounds.iter().copied().fold(0.0, f64::max),
+    })
 }
 
 /// A greedy, serial, uncached request: every repetition starts cold.

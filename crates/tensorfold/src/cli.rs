@@ -102,6 +102,11 @@ pub struct BenchArgs {
     /// Timed repetitions of each cell, after one untimed warm-up.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
+    /// Streams sharing one batch (comma-separated): for each count, that
+    /// many requests of the first `--prompt` length each decode the first
+    /// `--decode` count together, as a server's shared rounds do.
+    #[arg(short = 's', long = "streams", value_delimiter = ',')]
+    pub streams: Vec<usize>,
     /// Context window in tokens; default: the largest that fits the memory budget.
     #[arg(long)]
     pub context: Option<usize>,
