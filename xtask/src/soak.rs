@@ -6,7 +6,8 @@
 //! budget; fails unless no request got a 5xx, the server never panicked,
 //! every completed greedy reply equals the same request served alone, and
 //! reserved cache memory went back to idle with retained prompts within
-//! their limit.
+//! their limit, and resident memory did not grow over the second half of
+//! the requests.
 
 use crate::peer::load::prompt;
 use crate::peer::server::{free_port, Server};
@@ -247,6 +248,11 @@ fn peak_rss(pid: u32) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// A metric's value, NaN when the server did not report it.
+fn gauge(m: &HashMap<String, f64>, name: &str) -> f64 {
+    m.get(name).copied().unwrap_or(f64::NAN)
+}
+
 fn percentile(sorted: &[Duration], q: f64) -> f64 {
     let at = ((sorted.len() as f64 * q).ceil() as usize).saturating_sub(1);
     sorted.get(at).map_or(f64::NAN, |d| d.as_secs_f64())
@@ -319,6 +325,10 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
     );
 
     let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
+    // Resident memory when half the requests are done: a leak grows with
+    // the requests served, memory the allocator keeps after a peak does not.
+    let halfway_rss: Mutex<Option<f64>> = Mutex::new(None);
     let results: Mutex<Vec<(Plan, Outcome)>> = Mutex::new(Vec::with_capacity(args.requests));
     let started = Instant::now();
     std::thread::scope(|scope| {
@@ -338,6 +348,12 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push((plan, outcome));
+                    if finished.fetch_add(1, Ordering::Relaxed) + 1 == args.requests / 2 {
+                        if let Ok(m) = metrics(&agent, &url) {
+                            let rss = gauge(&m, "tensorfold_resident_memory_bytes");
+                            *halfway_rss.lock().unwrap_or_else(|e| e.into_inner()) = Some(rss);
+                        }
+                    }
                 }
             });
         }
@@ -401,7 +417,6 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
         .map(|(_, o)| o.latency)
         .collect();
     latencies.sort();
-    let gauge = |m: &HashMap<String, f64>, name: &str| m.get(name).copied().unwrap_or(f64::NAN);
     let budget = (args.memory_gib * (1u64 << 30) as f64) as u64;
     let retained_limit = PROMPT_CACHE_GIB * (1u64 << 30) as f64;
     let hung_up = results.iter().filter(|(p, _)| p.hang_up).count();
@@ -423,12 +438,15 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
         "  completed greedy replies equal to the request served alone: {} of {greedy_checked}",
         greedy_checked - greedy_differ
     );
+    let halfway_rss = halfway_rss.into_inner().unwrap_or_else(|e| e.into_inner());
+    let after_rss = gauge(&after, "tensorfold_resident_memory_bytes");
     println!(
-        "  peak RSS {:.0} MiB of a {:.0} MiB budget; RSS idle {:.0} MiB -> after {:.0} MiB",
+        "  peak RSS {:.0} MiB of a {:.0} MiB budget; RSS idle {:.0} MiB -> half the requests {:.0} MiB -> after {:.0} MiB",
         peak as f64 / 1048576.0,
         budget as f64 / 1048576.0,
         gauge(&idle, "tensorfold_resident_memory_bytes") / 1048576.0,
-        gauge(&after, "tensorfold_resident_memory_bytes") / 1048576.0
+        halfway_rss.unwrap_or(f64::NAN) / 1048576.0,
+        after_rss / 1048576.0
     );
     println!(
         "  reserved cache bytes idle {} -> after {}; retained prompt bytes idle {} -> after {} (limit {})",
@@ -470,6 +488,13 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
     }
     if peak > budget {
         failures.push("peak RSS exceeds the memory budget".into());
+    }
+    // The second half serves as many requests as the first: resident memory
+    // may hold its peak but not grow with them (10% and 32 MiB of slack).
+    if let Some(half) = halfway_rss {
+        if after_rss > half * 1.1 + 32.0 * 1048576.0 {
+            failures.push("resident memory grew over the second half of the requests".into());
+        }
     }
     if !failures.is_empty() {
         bail!(
