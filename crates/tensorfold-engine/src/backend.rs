@@ -135,6 +135,12 @@ impl Device {
         }
     }
 
+    /// Whether this is a GPU: a round of hundreds of rows costs it a few
+    /// times one of a few rows (the weights are read once either way).
+    pub(crate) fn is_gpu(&self) -> bool {
+        !matches!(self, Device::Cpu)
+    }
+
     /// Bytes a cache of `model` on this device takes per position: the
     /// memory budget's share of a position. The CUDA cache stores f16;
     /// the others are counted at f32, the most any device stores.

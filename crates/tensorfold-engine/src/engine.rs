@@ -434,10 +434,10 @@ impl Engine {
     /// few times one of a few rows (the weights are read once either way),
     /// a whole chunk.
     pub fn min_prefill(&self) -> usize {
-        match self.device {
-            Device::Cpu => MIN_PREFILL,
-            #[allow(unreachable_patterns)]
-            _ => PREFILL_CHUNK,
+        if self.device.is_gpu() {
+            PREFILL_CHUNK
+        } else {
+            MIN_PREFILL
         }
     }
 
@@ -446,10 +446,10 @@ impl Engine {
     /// drafts of many streams never push a round onto the many-row kernels;
     /// unlimited on the CPU, where the drafter weighs each row's cost.
     pub fn decode_rows(&self) -> usize {
-        match self.device {
-            Device::Cpu => usize::MAX,
-            #[allow(unreachable_patterns)]
-            _ => GPU_DECODE_ROWS,
+        if self.device.is_gpu() {
+            GPU_DECODE_ROWS
+        } else {
+            usize::MAX
         }
     }
 

@@ -174,8 +174,9 @@ impl PrefixCache {
             {
                 continue;
             }
-            // Binary search for the longest accepted run past `common`.
-            let (mut lo, mut hi) = (common, e.tokens.len());
+            // Binary search for the longest accepted run past `common`, up
+            // to the last held id (nothing after it can be kept).
+            let (mut lo, mut hi) = (common, e.held.held_end_at_most(e.tokens.len()));
             while lo < hi {
                 let mid = (lo + hi).div_ceil(2);
                 if spells(&e.tokens[..mid]).is_some() {

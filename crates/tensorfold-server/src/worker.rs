@@ -200,19 +200,18 @@ fn run(
         let mut device_failed = false;
         let started = std::time::Instant::now();
         let finished = batch.step();
+        let micros = started.elapsed().as_micros() as u64;
+        let streams = batch.len() + finished.len();
         metrics.steps.fetch_add(1, Ordering::Relaxed);
-        metrics.step_streams.fetch_add(
-            batch.len() as u64 + finished.len() as u64,
-            Ordering::Relaxed,
-        );
         metrics
-            .step_micros
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            .step_streams
+            .fetch_add(streams as u64, Ordering::Relaxed);
+        metrics.step_micros.fetch_add(micros, Ordering::Relaxed);
         tracing::trace!(
-            streams = batch.len() + finished.len(),
+            streams,
             prefilling = batch.prefilling(),
             finished = finished.len(),
-            micros = started.elapsed().as_micros() as u64,
+            micros,
             "round"
         );
         for (id, completion) in finished {

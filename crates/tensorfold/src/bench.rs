@@ -4,7 +4,7 @@
 use crate::cli::{BenchArgs, DraftArgs};
 use anyhow::{bail, Result};
 use serde::Serialize;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tensorfold_engine::{Completion, Engine, GenerateRequest, Prompt};
 
 /// One cell's result, printed as a JSON line.
@@ -157,7 +157,6 @@ fn time_streams(
     n_prompt: usize,
     n_gen: usize,
 ) -> Result<StreamsCell> {
-    use std::time::Instant;
     let started = Instant::now();
     let mut batch = engine.batch();
     for i in 0..streams {
