@@ -3,9 +3,12 @@
 //!
 //! Keys and values are stored per layer in fixed blocks of [`BLOCK`]
 //! positions counted from position 0, as f16 (rounded to nearest once, when
-//! the forward appends them). Inside a block each key/value head's rows lie
-//! together (`[kv_head][slot][head_dim]`), so attention reads one head's
-//! keys of a block as one contiguous run.
+//! the forward appends them; beyond f16's range they saturate). Inside a
+//! block each key/value head's data lies together. Keys are laid out
+//! dimension after dimension (`[kv_head][dim][slot]`), so one load holds one
+//! dimension of many keys and attention scores many keys per instruction;
+//! values slot after slot (`[kv_head][slot][dim]`, each row padded with zeros
+//! to [`VALUE_LANES`]), so one load holds many dimensions of one value.
 //!
 //! Blocks are reference counted: a cache made from another's prefix
 //! ([`KvCache::clone_prefix`]) shares its blocks, and a block is copied only
@@ -22,6 +25,10 @@ pub const BLOCK: usize = 64;
 
 /// Positions a cache grows by when it is full: one block.
 pub const GROWTH: usize = BLOCK;
+
+/// A value row's stored width is a multiple of this many halves (zeros
+/// after the head dimension), so attention reads whole vectors.
+pub const VALUE_LANES: usize = 16;
 
 // The trait lives with the forward interface (`tensorfold-forward`); it is
 // named here too, beside the cache that implements it.
@@ -60,54 +67,82 @@ impl KvShape {
         self.layers * self.width() * 2 * std::mem::size_of::<f32>()
     }
 
+    /// Halves one stored value row takes: the head dimension rounded up to
+    /// [`VALUE_LANES`].
+    pub fn value_stride(&self) -> usize {
+        self.head_dim.next_multiple_of(VALUE_LANES)
+    }
+
     /// Bytes one block of one layer takes (keys and values, f16).
     fn block_bytes(&self) -> usize {
-        BLOCK * self.width() * 2 * std::mem::size_of::<f16>()
+        BLOCK * self.kv_heads * (self.head_dim + self.value_stride()) * std::mem::size_of::<f16>()
     }
 }
 
-/// [`BLOCK`] positions of one layer: keys and values, each laid out
-/// `[kv_head][slot][head_dim]`.
+/// [`BLOCK`] positions of one layer: per key/value head, its keys
+/// `[dim][slot]` and its values `[slot][dim]` (rows of
+/// [`KvShape::value_stride`]).
 #[derive(Debug, Clone)]
 pub struct KvBlock {
     keys: Vec<f16>,
     values: Vec<f16>,
     head_dim: usize,
+    value_stride: usize,
 }
 
 impl KvBlock {
     fn new(shape: KvShape) -> KvBlock {
-        let zeros = vec![f16::ZERO; BLOCK * shape.width()];
         KvBlock {
-            keys: zeros.clone(),
-            values: zeros,
+            keys: vec![f16::ZERO; BLOCK * shape.width()],
+            values: vec![f16::ZERO; BLOCK * shape.kv_heads * shape.value_stride()],
             head_dim: shape.head_dim,
+            value_stride: shape.value_stride(),
         }
     }
 
-    /// Keys of `kv_head` for the block's slots, `BLOCK * head_dim`, slot
-    /// after slot (slots past the cache's length hold nothing meaningful).
+    /// Keys of `kv_head`, `head_dim * BLOCK`: dimension `d` of slot `s` at
+    /// `d * BLOCK + s` (slots past the cache's length hold nothing
+    /// meaningful).
     pub fn keys(&self, kv_head: usize) -> &[f16] {
         &self.keys[kv_head * BLOCK * self.head_dim..][..BLOCK * self.head_dim]
     }
 
-    /// Values of `kv_head`, laid out as [`KvBlock::keys`].
+    /// Values of `kv_head`, `BLOCK * value_stride`: slot `s` at
+    /// `s * value_stride`, zeros after its `head_dim` values.
     pub fn values(&self, kv_head: usize) -> &[f16] {
-        &self.values[kv_head * BLOCK * self.head_dim..][..BLOCK * self.head_dim]
+        &self.values[kv_head * BLOCK * self.value_stride..][..BLOCK * self.value_stride]
+    }
+
+    /// Halves between two slots' values.
+    pub fn value_stride(&self) -> usize {
+        self.value_stride
     }
 
     /// Stores one position's keys and values (`width` each) at `slot`.
     fn write(&mut self, slot: usize, k: &[f32], v: &[f32]) {
-        let hd = self.head_dim;
+        let (hd, stride) = (self.head_dim, self.value_stride);
         for (head, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
-            let at = (head * BLOCK + slot) * hd;
-            for (dst, src) in self.keys[at..at + hd].iter_mut().zip(k) {
-                *dst = f16::from_f32(*src);
+            let keys = &mut self.keys[head * BLOCK * hd..][..BLOCK * hd];
+            for (d, src) in k.iter().enumerate() {
+                keys[d * BLOCK + slot] = half(*src);
             }
+            let at = (head * BLOCK + slot) * stride;
             for (dst, src) in self.values[at..at + hd].iter_mut().zip(v) {
-                *dst = f16::from_f32(*src);
+                *dst = half(*src);
             }
         }
+    }
+}
+
+/// `x` rounded to the nearest f16, saturating at f16's largest finite
+/// values: a stored value is always finite, so a weight of exactly zero
+/// leaves a sum unchanged.
+fn half(x: f32) -> f16 {
+    let h = f16::from_f32(x);
+    if h.is_infinite() {
+        f16::MAX.copysign(h)
+    } else {
+        h
     }
 }
 
@@ -283,10 +318,13 @@ mod tests {
     fn read(c: &KvCache, layer: usize, p: usize) -> (Vec<f32>, Vec<f32>) {
         let b = &c.blocks(layer)[p / BLOCK];
         let (mut k, mut v) = (Vec::new(), Vec::new());
+        let slot = p % BLOCK;
         for head in 0..SHAPE.kv_heads {
-            let at = (p % BLOCK) * SHAPE.head_dim..(p % BLOCK + 1) * SHAPE.head_dim;
-            k.extend(b.keys(head)[at.clone()].iter().map(|x| x.to_f32()));
-            v.extend(b.values(head)[at].iter().map(|x| x.to_f32()));
+            let keys = b.keys(head);
+            k.extend((0..SHAPE.head_dim).map(|d| keys[d * BLOCK + slot].to_f32()));
+            let values = &b.values(head)[slot * b.value_stride()..][..b.value_stride()];
+            assert!(values[SHAPE.head_dim..].iter().all(|x| *x == f16::ZERO));
+            v.extend(values[..SHAPE.head_dim].iter().map(|x| x.to_f32()));
         }
         (k, v)
     }
@@ -307,6 +345,18 @@ mod tests {
         assert_holds(&c, 2 * BLOCK + 5);
         assert_eq!(c.bytes(), (2 * BLOCK + 5) * 2 * 6 * 2 * 2);
         assert_eq!(c.allocated_bytes(), 3 * 2 * SHAPE.block_bytes());
+    }
+
+    #[test]
+    fn values_beyond_f16_saturate_to_its_largest_finite() {
+        let mut c = KvCache::new(SHAPE);
+        let (k, v) = ([1e6, -1e6, 0.5, 7.0, 1e-9, -70000.0], [-1e9; 6]);
+        for l in 0..SHAPE.layers {
+            c.append(l, &k, &v);
+        }
+        let (keys, values) = read(&c, 0, 0);
+        assert_eq!(keys, [65504.0, -65504.0, 0.5, 7.0, 0.0, -65504.0]);
+        assert_eq!(values, [-65504.0; 6]);
     }
 
     #[test]

@@ -1,373 +1,208 @@
-//! The arithmetic of attention over f16 keys and values, in one order every
-//! instruction set computes: the AVX2 path (F16C conversion, FMA) and the
-//! portable path give the same bits, lane for lane.
+//! The arithmetic of attention over one key block, written once over
+//! [`Lanes`]: scores with many keys per vector (keys are stored dimension
+//! after dimension), the block's softmax step, and the weighted values with
+//! many dimensions per vector.
 //!
-//! Each query keeps its own accumulators; several queries (the heads of a
-//! key/value group) are taken together only so that a loaded key serves
-//! them all, never to mix their sums.
+//! Every query keeps its own sums in its own order: a score is
+//! `Σ_d q[d]·k[d]` folded over `d` in order, a value sum `Σ_j w_j·v_j` over
+//! the block's slots in order. Several queries go together only so that one
+//! loaded key or value serves them all; how many go together, and how many
+//! vectors one pass holds, changes no query's bits.
 
+use super::lanes::{exp, lane_max, lane_sum, Lanes, LANES};
 use half::f16;
+use std::ops::Range;
+use tensorfold_kv::BLOCK;
 
-/// Lanes of the running sums.
-const LANES: usize = 8;
+/// Vectors of keys one block holds.
+const KEY_VECTORS: usize = BLOCK / LANES;
 
-/// The instruction sets the kernels come in, picked once from the CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Isa {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
+/// One query's running softmax.
+pub(crate) struct Running {
+    pub max: f32,
+    pub sum: f32,
+    /// Weighted values, a whole stored value row wide.
+    pub acc: Vec<f32>,
 }
 
-impl Isa {
-    /// Every set this CPU runs, the portable one first.
-    #[cfg(test)]
-    pub fn available() -> Vec<Isa> {
-        let mut all = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        if avx2_detected() {
-            all.push(Isa::Avx2);
-        }
-        all
-    }
-
-    /// The fastest this CPU runs (`TENSORFOLD_CPU_KERNELS=portable` forces
-    /// the portable one).
-    pub fn detect() -> Isa {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            if std::env::var("TENSORFOLD_CPU_KERNELS").as_deref() == Ok("portable") {
-                return Isa::Portable;
-            }
-            #[cfg(target_arch = "x86_64")]
-            if avx2_detected() {
-                return Isa::Avx2;
-            }
-            Isa::Portable
-        })
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx2_detected() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-/// The primitives one instruction set provides. Every method computes
-/// exactly what the portable one does.
-pub(crate) trait Kernels: Copy {
-    /// `scores[n][j] = dot(queries[n], key j) * scale` for the first
-    /// `scores[n].len()` keys of `keys` (`head_dim` apart).
-    fn scores<const N: usize>(
-        self,
-        queries: [&[f32]; N],
-        keys: &[f16],
-        scale: f32,
-        scores: [&mut [f32]; N],
-    );
-
-    /// `weights[j] = exp(weights[j] - max)`.
-    fn exp_shifted(self, weights: &mut [f32], max: f32);
-
-    /// `acc[n] += weights[n][j] * value j` for `j` in order, over the first
-    /// `weights[n].len()` values (`head_dim` apart).
-    fn accumulate<const N: usize>(self, weights: [&[f32]; N], values: &[f16], acc: [&mut [f32]; N]);
-}
-
-/// The reference every path matches.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Portable;
-
-impl Kernels for Portable {
-    fn scores<const N: usize>(
-        self,
-        queries: [&[f32]; N],
-        keys: &[f16],
-        scale: f32,
-        scores: [&mut [f32]; N],
-    ) {
-        let hd = queries[0].len();
-        for (n, out) in scores.into_iter().enumerate() {
-            for (j, s) in out.iter_mut().enumerate() {
-                let key = &keys[j * hd..][..hd];
-                let mut acc = [0f32; LANES];
-                let chunks = hd / LANES * LANES;
-                for c in (0..chunks).step_by(LANES) {
-                    for l in 0..LANES {
-                        acc[l] = queries[n][c + l].mul_add(key[c + l].to_f32(), acc[l]);
-                    }
-                }
-                let mut tail = 0f32;
-                for i in chunks..hd {
-                    tail = queries[n][i].mul_add(key[i].to_f32(), tail);
-                }
-                *s = (horizontal_sum(acc) + tail) * scale;
-            }
+impl Running {
+    pub fn new(value_stride: usize) -> Running {
+        Running {
+            max: f32::NEG_INFINITY,
+            sum: 0.0,
+            acc: vec![0.0; value_stride],
         }
     }
+}
 
-    fn exp_shifted(self, weights: &mut [f32], max: f32) {
-        for w in weights {
-            *w = exp(*w - max);
-        }
-    }
-
-    fn accumulate<const N: usize>(
-        self,
-        weights: [&[f32]; N],
-        values: &[f16],
-        acc: [&mut [f32]; N],
-    ) {
-        let hd = acc[0].len();
-        for (n, acc) in acc.into_iter().enumerate() {
-            for (j, &w) in weights[n].iter().enumerate() {
-                let value = &values[j * hd..][..hd];
-                for (a, v) in acc.iter_mut().zip(value) {
-                    *a = w.mul_add(v.to_f32(), *a);
+/// `out[n][s] = scale · Σ_d queries[n][d] · keys[d·BLOCK + s]` for every
+/// slot `s` of the block, `KV` key vectors a pass.
+#[inline(always)]
+pub(crate) fn scores<L: Lanes, const N: usize, const KV: usize>(
+    lanes: L,
+    queries: [&[f32]; N],
+    keys: &[f16],
+    scale: f32,
+    out: &mut [[f32; BLOCK]; N],
+) {
+    let hd = queries[0].len();
+    assert!(keys.len() >= hd * BLOCK && queries.iter().all(|q| q.len() == hd));
+    const { assert!(KEY_VECTORS.is_multiple_of(KV)) };
+    for first in (0..KEY_VECTORS).step_by(KV) {
+        let mut acc = [[lanes.zero(); KV]; N];
+        for d in 0..hd {
+            let row = keys[d * BLOCK + first * LANES..].as_ptr();
+            // SAFETY: `d < hd` and `first + v < KEY_VECTORS`, so each load
+            // of LANES halves lies within `keys` (asserted above).
+            let k: [L::V; KV] =
+                std::array::from_fn(|v| unsafe { lanes.load_half(row.add(v * LANES)) });
+            for n in 0..N {
+                let q = lanes.splat(queries[n][d]);
+                for v in 0..KV {
+                    acc[n][v] = lanes.mul_add(q, k[v], acc[n][v]);
                 }
             }
         }
-    }
-}
-
-/// Eight lanes summed in the order the AVX2 path sums them.
-fn horizontal_sum(a: [f32; LANES]) -> f32 {
-    let four = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
-    let two = [four[0] + four[2], four[1] + four[3]];
-    two[0] + two[1]
-}
-
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const LN2_HIGH: f32 = 0.693_359_4;
-const LN2_LOW: f32 = -2.121_944_4e-4;
-const EXP_LOW: f32 = -87.0;
-const EXP_HIGH: f32 = 88.0;
-/// exp(r) ≈ 1 + r + r² · P(r) on |r| ≤ ln 2 / 2 (Cephes' expf).
-const EXP_POLY: [f32; 6] = [
-    1.987_569_1e-4,
-    1.398_199_9e-3,
-    8.333_452e-3,
-    4.166_579_6e-2,
-    0.166_666_65,
-    0.5,
-];
-
-/// `e^x` by range reduction and a polynomial: the same bits in every lane of
-/// every path (within about 2 ulp of the true value; 0 for `-inf`).
-pub(crate) fn exp(x: f32) -> f32 {
-    if x == f32::NEG_INFINITY {
-        return 0.0;
-    }
-    // `max` then `min`, as the AVX2 path does (`clamp` differs for NaN).
-    #[allow(clippy::manual_clamp)]
-    let x = x.max(EXP_LOW).min(EXP_HIGH);
-    let n = (x * LOG2E).round_ties_even();
-    let r = n.mul_add(-LN2_HIGH, x);
-    let r = n.mul_add(-LN2_LOW, r);
-    let mut p = EXP_POLY[0];
-    for c in &EXP_POLY[1..] {
-        p = p.mul_add(r, *c);
-    }
-    let y = p.mul_add(r * r, r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
-}
-
-#[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::Avx2;
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::{f16, Kernels, EXP_HIGH, EXP_LOW, EXP_POLY, LANES, LN2_HIGH, LN2_LOW, LOG2E};
-    use std::arch::x86_64::*;
-
-    /// AVX2 with FMA and F16C. Made only where [`super::Isa::detect`] found
-    /// them, and used only inside a function compiled for them.
-    #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Avx2(());
-
-    impl Avx2 {
-        /// # Safety
-        /// The CPU must run AVX2, FMA and F16C.
-        pub(crate) unsafe fn new() -> Avx2 {
-            Avx2(())
-        }
-    }
-
-    /// Eight f16 at `p` as f32 (exact).
-    ///
-    /// # Safety
-    /// `p` must be valid for reads of eight f16; the CPU runs F16C.
-    #[inline(always)]
-    unsafe fn load8(p: *const f16) -> __m256 {
-        // SAFETY: the caller guarantees eight readable halves and F16C.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-    }
-
-    /// # Safety
-    /// The CPU runs AVX.
-    #[inline(always)]
-    unsafe fn horizontal_sum(v: __m256) -> f32 {
-        // SAFETY: register operations only; AVX is present.
-        unsafe {
-            let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-            _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
-        }
-    }
-
-    impl Kernels for Avx2 {
-        #[inline(always)]
-        fn scores<const N: usize>(
-            self,
-            queries: [&[f32]; N],
-            keys: &[f16],
-            scale: f32,
-            scores: [&mut [f32]; N],
-        ) {
-            let hd = queries[0].len();
-            let count = scores[0].len();
-            assert!(keys.len() >= count * hd && queries.iter().all(|q| q.len() == hd));
-            assert!(scores.iter().all(|s| s.len() == count));
-            let chunks = hd / LANES * LANES;
-            for j in 0..count {
-                let key = &keys[j * hd..][..hd];
-                // SAFETY: `Avx2` exists only where the CPU runs AVX2, FMA
-                // and F16C; every load is within `key` or a query (`hd`
-                // long, checked above).
+        let scale = lanes.splat(scale);
+        for n in 0..N {
+            for v in 0..KV {
+                // SAFETY: `(first + v + 1) * LANES <= BLOCK`, the row's length.
                 unsafe {
-                    let mut acc = [_mm256_setzero_ps(); N];
-                    for c in (0..chunks).step_by(LANES) {
-                        let k = load8(key.as_ptr().add(c));
-                        for n in 0..N {
-                            let q = _mm256_loadu_ps(queries[n].as_ptr().add(c));
-                            acc[n] = _mm256_fmadd_ps(q, k, acc[n]);
-                        }
-                    }
-                    for n in 0..N {
-                        let mut tail = 0f32;
-                        for i in chunks..hd {
-                            tail = queries[n][i].mul_add(key[i].to_f32(), tail);
-                        }
-                        *scores[n].get_unchecked_mut(j) = (horizontal_sum(acc[n]) + tail) * scale;
-                    }
+                    lanes.store(
+                        out[n][(first + v) * LANES..].as_mut_ptr(),
+                        lanes.mul(acc[n][v], scale),
+                    )
                 }
             }
-        }
-
-        #[inline(always)]
-        fn exp_shifted(self, weights: &mut [f32], max: f32) {
-            let mut chunks = weights.chunks_exact_mut(LANES);
-            for chunk in &mut chunks {
-                // SAFETY: `Avx2` exists only where the CPU runs AVX2 and
-                // FMA; the chunk holds eight floats.
-                unsafe {
-                    let x = _mm256_sub_ps(_mm256_loadu_ps(chunk.as_ptr()), _mm256_set1_ps(max));
-                    _mm256_storeu_ps(chunk.as_mut_ptr(), exp8(x));
-                }
-            }
-            for w in chunks.into_remainder() {
-                *w = super::exp(*w - max);
-            }
-        }
-
-        #[inline(always)]
-        fn accumulate<const N: usize>(
-            self,
-            weights: [&[f32]; N],
-            values: &[f16],
-            acc: [&mut [f32]; N],
-        ) {
-            let hd = acc[0].len();
-            let count = weights[0].len();
-            assert!(values.len() >= count * hd && acc.iter().all(|a| a.len() == hd));
-            assert!(weights.iter().all(|w| w.len() == count));
-            let chunks = hd / LANES * LANES;
-            for c in (0..chunks).step_by(LANES) {
-                // SAFETY: `Avx2` exists only where the CPU runs AVX2, FMA
-                // and F16C; loads and stores stay within `values` (`count`
-                // rows of `hd`) and the accumulators (`hd` each).
-                unsafe {
-                    let mut sums = [_mm256_setzero_ps(); N];
-                    for n in 0..N {
-                        sums[n] = _mm256_loadu_ps(acc[n].as_ptr().add(c));
-                    }
-                    for j in 0..count {
-                        let v = load8(values.as_ptr().add(j * hd + c));
-                        for n in 0..N {
-                            let w = _mm256_set1_ps(*weights[n].get_unchecked(j));
-                            sums[n] = _mm256_fmadd_ps(w, v, sums[n]);
-                        }
-                    }
-                    for n in 0..N {
-                        _mm256_storeu_ps(acc[n].as_mut_ptr().add(c), sums[n]);
-                    }
-                }
-            }
-            for i in chunks..hd {
-                for n in 0..N {
-                    let mut a = acc[n][i];
-                    for j in 0..count {
-                        a = weights[n][j].mul_add(values[j * hd + i].to_f32(), a);
-                    }
-                    acc[n][i] = a;
-                }
-            }
-        }
-    }
-
-    /// [`super::exp`] in eight lanes, step for step.
-    ///
-    /// # Safety
-    /// The CPU runs AVX2 and FMA.
-    #[inline(always)]
-    unsafe fn exp8(x: __m256) -> __m256 {
-        // SAFETY: register operations only; AVX2 and FMA are present.
-        unsafe {
-            let minus_infinity = _mm256_cmp_ps::<_CMP_EQ_OQ>(x, _mm256_set1_ps(f32::NEG_INFINITY));
-            let x = _mm256_min_ps(
-                _mm256_max_ps(x, _mm256_set1_ps(EXP_LOW)),
-                _mm256_set1_ps(EXP_HIGH),
-            );
-            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
-                _mm256_mul_ps(x, _mm256_set1_ps(LOG2E)),
-            );
-            let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_HIGH), x);
-            let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-LN2_LOW), r);
-            let mut p = _mm256_set1_ps(EXP_POLY[0]);
-            for c in &EXP_POLY[1..] {
-                p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
-            }
-            let y = _mm256_add_ps(
-                _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
-                _mm256_set1_ps(1.0),
-            );
-            let exponent = _mm256_slli_epi32::<23>(_mm256_add_epi32(
-                _mm256_cvtps_epi32(n),
-                _mm256_set1_epi32(127),
-            ));
-            let e = _mm256_mul_ps(y, _mm256_castsi256_ps(exponent));
-            _mm256_andnot_ps(minus_infinity, e)
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_is_close_to_the_true_exponential() {
-        for i in -2000..=200 {
-            let x = i as f32 * 0.043;
-            let (ours, exact) = (exp(x) as f64, (x as f64).exp());
-            assert!(
-                ((ours - exact) / exact).abs() < 4.0 * f32::EPSILON as f64,
-                "exp({x}) = {ours}, not {exact}"
-            );
+/// One block's softmax step for one query whose keys in the block are
+/// `valid`: `scores` become weights (`exp(score - max)`, 0 outside
+/// `valid`), and the running maximum, sum and values follow.
+#[inline(always)]
+pub(crate) fn soften<L: Lanes>(
+    lanes: L,
+    scores: &mut [f32; BLOCK],
+    valid: Range<usize>,
+    softcap: Option<f32>,
+    state: &mut Running,
+) {
+    scores[..valid.start].fill(f32::NEG_INFINITY);
+    scores[valid.end..].fill(f32::NEG_INFINITY);
+    if let Some(cap) = softcap {
+        for s in &mut scores[valid.clone()] {
+            *s = cap * (*s / cap).tanh();
         }
-        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp(0.0), 1.0);
+    }
+    // SAFETY (loads and stores below): every vector lies within `scores`
+    // (KEY_VECTORS · LANES = BLOCK) or a LANES-long local.
+    let load =
+        |v: usize, scores: &[f32; BLOCK]| unsafe { lanes.load(scores[v * LANES..].as_ptr()) };
+    let mut maxima = load(0, scores);
+    for v in 1..KEY_VECTORS {
+        maxima = lanes.max(maxima, load(v, scores));
+    }
+    let mut lane_values = [0f32; LANES];
+    // SAFETY: see above.
+    unsafe { lanes.store(lane_values.as_mut_ptr(), maxima) };
+    let block_max = lane_max(lane_values);
+    let max = state.max.max(block_max);
+    // Rescale what earlier blocks summed to the new maximum (an unchanged
+    // maximum would multiply by exactly 1, which changes nothing).
+    if max != state.max {
+        let rescale = exp(state.max - max);
+        if rescale != 1.0 {
+            state.sum *= rescale;
+            state.acc.iter_mut().for_each(|a| *a *= rescale);
+        }
+    }
+    let shift = lanes.splat(max);
+    let mut sums = lanes.zero();
+    for v in 0..KEY_VECTORS {
+        let weights = lanes.exp(lanes.sub(load(v, scores), shift));
+        // SAFETY: see above.
+        unsafe { lanes.store(scores[v * LANES..].as_mut_ptr(), weights) };
+        sums = lanes.add(sums, weights);
+    }
+    // SAFETY: see above.
+    unsafe { lanes.store(lane_values.as_mut_ptr(), sums) };
+    state.sum += lane_sum(lane_values);
+    state.max = max;
+}
+
+/// `acc[n] += Σ_{j in slots} weights[n][j] · value j`, `j` in order, `DV`
+/// vectors of the value row a pass. `values` holds the block's rows
+/// `stride` apart; each `acc[n]` is `stride` long.
+#[inline(always)]
+pub(crate) fn accumulate<L: Lanes, const N: usize, const DV: usize>(
+    lanes: L,
+    weights: [&[f32; BLOCK]; N],
+    values: &[f16],
+    stride: usize,
+    slots: Range<usize>,
+    acc: [&mut [f32]; N],
+) {
+    assert!(stride.is_multiple_of(LANES) && values.len() >= BLOCK * stride && slots.end <= BLOCK);
+    assert!(acc.iter().all(|a| a.len() == stride));
+    const { assert!(DV >= 1 && DV <= 4) };
+    let vectors = stride / LANES;
+    let mut acc = acc;
+    let mut first = 0;
+    while first < vectors {
+        let take = (vectors - first).min(DV);
+        match take {
+            1 => {
+                accumulate_pass::<L, N, 1>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+            2 => {
+                accumulate_pass::<L, N, 2>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+            3 => {
+                accumulate_pass::<L, N, 3>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+            _ => {
+                accumulate_pass::<L, N, 4>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+        }
+        first += take;
+    }
+}
+
+/// [`accumulate`] for the `D` vectors of the value row from vector `first`.
+#[inline(always)]
+fn accumulate_pass<L: Lanes, const N: usize, const D: usize>(
+    lanes: L,
+    weights: [&[f32; BLOCK]; N],
+    values: &[f16],
+    stride: usize,
+    slots: &Range<usize>,
+    acc: &mut [&mut [f32]; N],
+    first: usize,
+) {
+    // SAFETY (loads and stores below): `(first + D) · LANES <= stride`, the
+    // length of every `acc[n]` and of every value row; the rows read are
+    // slots below BLOCK (asserted by the caller).
+    let mut sums: [[L::V; D]; N] = std::array::from_fn(|n| {
+        std::array::from_fn(|v| unsafe { lanes.load(acc[n][(first + v) * LANES..].as_ptr()) })
+    });
+    for j in slots.clone() {
+        let row = values[j * stride + first * LANES..].as_ptr();
+        // SAFETY: see above.
+        let value: [L::V; D] =
+            std::array::from_fn(|v| unsafe { lanes.load_half(row.add(v * LANES)) });
+        for n in 0..N {
+            let w = lanes.splat(weights[n][j]);
+            for v in 0..D {
+                sums[n][v] = lanes.mul_add(w, value[v], sums[n][v]);
+            }
+        }
+    }
+    for n in 0..N {
+        for v in 0..D {
+            // SAFETY: see above.
+            unsafe { lanes.store(acc[n][(first + v) * LANES..].as_mut_ptr(), sums[n][v]) };
+        }
     }
 }

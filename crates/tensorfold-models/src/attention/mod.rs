@@ -7,6 +7,11 @@
 //! keys alone: not of the chunk it came in, the other rows of the call, the
 //! tile or thread that ran it, nor the instruction set.
 //!
+//! Within a block, scores are computed for many keys at once (keys are
+//! stored dimension after dimension) and for several queries at once (the
+//! heads of a group and neighbouring rows), so each loaded key and value
+//! serves them all; see [`kernels`] for why that changes no query's bits.
+//!
 //! Work is split into tasks of one key/value head and [`TILE`] query rows:
 //! every head of the group and every row of the tile reads a key block
 //! while it is in cache, and tasks run on every core. When that makes too
@@ -14,9 +19,13 @@
 //! between tasks.
 
 mod kernels;
+mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use crate::config::ModelConfig;
-use kernels::{exp, Isa, Kernels, Portable};
+use kernels::{accumulate, scores, soften, Running};
+use lanes::{Isa, Lanes, Portable};
 use rayon::prelude::*;
 use std::ops::Range;
 use std::sync::Arc;
@@ -25,9 +34,9 @@ use tensorfold_kv::{KvBlock, KvCache, BLOCK};
 /// Query rows one task takes.
 const TILE: usize = 16;
 
-/// Heads of a group whose scores one kernel call computes together.
-const HEADS_AT_ONCE: usize = 4;
-
+/// The most queries one pass over a key block serves (the kernels'
+/// registers hold this many queries' sums on AVX-512).
+const MOST_QUERIES: usize = 6;
 /// Causal attention of `q` (rows at positions `start..`, `q_width` each)
 /// over `layer` of `cache`, which already holds their keys and values;
 /// writes `out` (shaped as `q`).
@@ -140,15 +149,20 @@ fn run_task(
     task: &Task,
 ) -> Vec<f32> {
     match isa {
-        Isa::Portable => fold_task(Portable, shape, blocks, start, q, task),
+        Isa::Portable => fold_task::<_, 4, 4, 4>(Portable, shape, blocks, start, q, task),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only detected (or listed) where the CPU
         // runs AVX2, FMA and F16C.
         Isa::Avx2 => unsafe { fold_task_avx2(shape, blocks, start, q, task) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::Avx512` is only detected (or listed) where the CPU
+        // runs AVX-512F.
+        Isa::Avx512 => unsafe { fold_task_avx512(shape, blocks, start, q, task) },
     }
 }
 
-/// [`fold_task`] compiled for AVX2, FMA and F16C.
+/// [`fold_task`] compiled for AVX2, FMA and F16C: sixteen registers hold
+/// three queries' sums over half a block (or two value vectors).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn fold_task_avx2(
@@ -159,28 +173,49 @@ fn fold_task_avx2(
     task: &Task,
 ) -> Vec<f32> {
     // SAFETY: this function runs only where the CPU has these features.
-    let kernels = unsafe { kernels::Avx2::new() };
-    fold_task(kernels, shape, blocks, start, q, task)
+    let lanes = unsafe { x86::Avx2::new() };
+    fold_task::<_, 3, 2, 2>(lanes, shape, blocks, start, q, task)
 }
 
-/// One query's running softmax.
-struct Running {
-    max: f32,
-    sum: f32,
-    acc: Vec<f32>,
-}
-
-/// Attention of one task's heads: their outputs, row after row, head
-/// after head.
-#[inline(always)]
-fn fold_task<K: Kernels>(
-    kernels: K,
+/// [`fold_task`] compiled for AVX-512: thirty-two registers hold six
+/// queries' sums over a whole block (or four value vectors).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn fold_task_avx512(
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
     q: &[f32],
     task: &Task,
 ) -> Vec<f32> {
+    // SAFETY: this function runs only where the CPU has these features.
+    let lanes = unsafe { x86::Avx512::new() };
+    fold_task::<_, MOST_QUERIES, 4, 4>(lanes, shape, blocks, start, q, task)
+}
+
+/// A query that sees some of a block's keys.
+struct Alive {
+    /// Index into the task's states.
+    state: usize,
+    /// Where its query vector starts in `q`.
+    query: usize,
+    /// Its keys among the block's slots.
+    valid: Range<usize>,
+}
+
+/// Attention of one task's heads: their outputs, row after row, head
+/// after head. Up to `QUERIES` queries share a pass over a block, `KV` key
+/// vectors and `DV` value vectors at a time.
+#[inline(always)]
+fn fold_task<L: Lanes, const QUERIES: usize, const KV: usize, const DV: usize>(
+    lanes: L,
+    shape: &Shape,
+    blocks: &[Arc<KvBlock>],
+    start: usize,
+    q: &[f32],
+    task: &Task,
+) -> Vec<f32> {
+    const { assert!(QUERIES >= 1 && QUERIES <= MOST_QUERIES) };
     let (hd, task_heads, rows, kv_head) = (
         shape.head_dim,
         task.heads.len(),
@@ -188,18 +223,18 @@ fn fold_task<K: Kernels>(
         task.kv_head,
     );
     let first_head = kv_head * shape.group + task.heads.start;
+    let Some(stride) = blocks.first().map(|b| b.value_stride()) else {
+        return Vec::new();
+    };
     let mut states: Vec<Running> = (0..rows.len() * task_heads)
-        .map(|_| Running {
-            max: f32::NEG_INFINITY,
-            sum: 0.0,
-            acc: vec![0.0; hd],
-        })
+        .map(|_| Running::new(stride))
         .collect();
-    let mut scratch = vec![0f32; HEADS_AT_ONCE * BLOCK];
+    let mut scratch = [[0f32; BLOCK]; QUERIES];
+    let mut alive = Vec::with_capacity(states.len());
     let last = start + rows.end - 1;
     for (b, block) in blocks[..=last / BLOCK].iter().enumerate() {
         let first = b * BLOCK;
-        let (keys, values) = (block.keys(kv_head), block.values(kv_head));
+        alive.clear();
         for r in rows.clone() {
             let pos = start + r;
             if pos < first {
@@ -214,100 +249,117 @@ fn fold_task<K: Kernels>(
             if skip >= end {
                 continue;
             }
-            let count = end - skip;
-            let (keys, values) = (&keys[skip * hd..end * hd], &values[skip * hd..end * hd]);
-            let row_states = &mut states[(r - rows.start) * task_heads..][..task_heads];
-            let query = |g: usize| &q[r * shape.q_width + (first_head + g) * hd..][..hd];
-            let mut g = 0;
-            for heads in row_states.chunks_mut(HEADS_AT_ONCE) {
-                let step = Step {
-                    kernels,
-                    keys,
-                    values,
-                    count,
-                    scale: shape.scale,
-                    softcap: shape.softcap,
-                };
-                match heads {
-                    [a, b, c, d] => step.fold(
-                        [query(g), query(g + 1), query(g + 2), query(g + 3)],
-                        [a, b, c, d],
-                        &mut scratch,
-                    ),
-                    [a, b, c] => step.fold(
-                        [query(g), query(g + 1), query(g + 2)],
-                        [a, b, c],
-                        &mut scratch,
-                    ),
-                    [a, b] => step.fold([query(g), query(g + 1)], [a, b], &mut scratch),
-                    [a] => step.fold([query(g)], [a], &mut scratch),
-                    _ => unreachable!("chunks of one to four"),
-                }
-                g += heads.len();
+            for h in 0..task_heads {
+                alive.push(Alive {
+                    state: (r - rows.start) * task_heads + h,
+                    query: r * shape.q_width + (first_head + h) * hd,
+                    valid: skip..end,
+                });
             }
         }
+        let pass = Pass::new(
+            lanes,
+            block.keys(kv_head),
+            block.values(kv_head),
+            stride,
+            shape,
+            q,
+        );
+        pass.run_all::<QUERIES, KV, DV>(&alive, &mut states, &mut scratch);
     }
     let mut out = Vec::with_capacity(states.len() * hd);
     for s in states {
         let inverse = 1.0 / s.sum;
-        out.extend(s.acc.iter().map(|a| a * inverse));
+        out.extend(s.acc[..hd].iter().map(|a| a * inverse));
     }
     out
 }
 
-/// One key block (cut at `count` keys) folded into some queries' states.
-struct Step<'a, K> {
-    kernels: K,
+/// One key block (one head's keys and values) folded into queries' states.
+struct Pass<'a, L> {
+    lanes: L,
     keys: &'a [half::f16],
     values: &'a [half::f16],
-    count: usize,
-    scale: f32,
-    softcap: Option<f32>,
+    stride: usize,
+    shape: &'a Shape,
+    q: &'a [f32],
 }
 
-impl<K: Kernels> Step<'_, K> {
+impl<'a, L: Lanes> Pass<'a, L> {
     #[inline(always)]
-    fn fold<const N: usize>(
+    fn new(
+        lanes: L,
+        keys: &'a [half::f16],
+        values: &'a [half::f16],
+        stride: usize,
+        shape: &'a Shape,
+        q: &'a [f32],
+    ) -> Self {
+        Pass {
+            lanes,
+            keys,
+            values,
+            stride,
+            shape,
+            q,
+        }
+    }
+
+    /// Every alive query, `QUERIES` a pass.
+    #[inline(always)]
+    fn run_all<const QUERIES: usize, const KV: usize, const DV: usize>(
         &self,
-        queries: [&[f32]; N],
-        states: [&mut Running; N],
-        scratch: &mut [f32],
+        alive: &[Alive],
+        states: &mut [Running],
+        scratch: &mut [[f32; BLOCK]],
     ) {
-        let mut chunks = scratch.chunks_exact_mut(BLOCK);
-        let mut weights: [&mut [f32]; N] = std::array::from_fn(|_| {
-            &mut chunks.next().expect("scratch for four heads")[..self.count]
-        });
-        self.kernels.scores(
-            queries,
-            self.keys,
-            self.scale,
-            weights.each_mut().map(|w| &mut **w),
-        );
-        if let Some(cap) = self.softcap {
-            for w in weights.iter_mut().flat_map(|w| w.iter_mut()) {
-                *w = cap * (*w / cap).tanh();
+        for group in alive.chunks(QUERIES) {
+            match group.len() {
+                1 => self.run::<1, KV, DV>(group, states, scratch),
+                2 => self.run::<2, KV, DV>(group, states, scratch),
+                3 => self.run::<3, KV, DV>(group, states, scratch),
+                4 => self.run::<4, KV, DV>(group, states, scratch),
+                5 => self.run::<5, KV, DV>(group, states, scratch),
+                _ => self.run::<6, KV, DV>(group, states, scratch),
             }
         }
-        let mut states = states;
-        for (state, weights) in states.iter_mut().zip(weights.iter_mut()) {
-            let block_max = weights.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let max = state.max.max(block_max);
-            // Rescale what earlier blocks summed to the new maximum
-            // (multiplying by exactly 1 would change nothing).
-            let rescale = exp(state.max - max);
-            if rescale != 1.0 {
-                state.sum *= rescale;
-                state.acc.iter_mut().for_each(|a| *a *= rescale);
-            }
-            self.kernels.exp_shifted(weights, max);
-            for w in weights.iter() {
-                state.sum += *w;
-            }
-            state.max = max;
+    }
+
+    #[inline(always)]
+    fn run<const N: usize, const KV: usize, const DV: usize>(
+        &self,
+        group: &[Alive],
+        states: &mut [Running],
+        scratch: &mut [[f32; BLOCK]],
+    ) {
+        let hd = self.shape.head_dim;
+        let queries: [&[f32]; N] = std::array::from_fn(|n| &self.q[group[n].query..][..hd]);
+        let scratch: &mut [[f32; BLOCK]; N] = (&mut scratch[..N])
+            .try_into()
+            .expect("scratch for every query of a pass");
+        scores::<L, N, KV>(self.lanes, queries, self.keys, self.shape.scale, scratch);
+        let mut states = states
+            .get_disjoint_mut(std::array::from_fn::<usize, N, _>(|n| group[n].state))
+            .expect("one state per query");
+        for n in 0..N {
+            soften(
+                self.lanes,
+                &mut scratch[n],
+                group[n].valid.clone(),
+                self.shape.softcap,
+                states[n],
+            );
         }
-        self.kernels.accumulate(
-            weights.each_ref().map(|w| &**w),
+        // Slots outside a query's own keys weigh exactly 0 and every stored
+        // value is finite, so taking them adds nothing to its sums.
+        let slots = group.iter().map(|a| a.valid.start).min().unwrap_or(0)
+            ..group.iter().map(|a| a.valid.end).max().unwrap_or(0);
+        accumulate::<L, N, DV>(
+            self.lanes,
+            scratch.each_ref(),
             self.values,
+            self.stride,
+            slots,
             states.each_mut().map(|s| s.acc.as_mut_slice()),
         );
     }

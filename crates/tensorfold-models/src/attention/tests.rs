@@ -1,7 +1,7 @@
 //! The fold against a straightforward softmax, and its bits against every
 //! way the same rows can be split.
 
-use super::kernels::Isa;
+use super::lanes::Isa;
 use super::*;
 use crate::config::{Arch, RopeStyle};
 use tensorfold_kv::KvShape;
