@@ -54,8 +54,10 @@ pub(crate) fn scores<L: Lanes, const N: usize, const KV: usize>(
             let row = keys[d * BLOCK + first * LANES..].as_ptr();
             // SAFETY: `d < hd` and `first + v < KEY_VECTORS`, so each load
             // of LANES halves lies within `keys` (asserted above).
-            let k: [L::V; KV] =
-                std::array::from_fn(|v| unsafe { lanes.load_half(row.add(v * LANES)) });
+            let mut k = [lanes.zero(); KV];
+            for (v, k) in k.iter_mut().enumerate() {
+                *k = unsafe { lanes.load_half(row.add(v * LANES)) };
+            }
             for n in 0..N {
                 let q = lanes.splat(queries[n][d]);
                 for v in 0..KV {
@@ -96,16 +98,12 @@ pub(crate) fn soften<L: Lanes>(
             *s = cap * (*s / cap).tanh();
         }
     }
-    // SAFETY (loads and stores below): every vector lies within `scores`
-    // (KEY_VECTORS · LANES = BLOCK) or a LANES-long local.
-    let load =
-        |v: usize, scores: &[f32; BLOCK]| unsafe { lanes.load(scores[v * LANES..].as_ptr()) };
-    let mut maxima = load(0, scores);
+    let mut maxima = load_vector(lanes, scores, 0);
     for v in 1..KEY_VECTORS {
-        maxima = lanes.max(maxima, load(v, scores));
+        maxima = lanes.max(maxima, load_vector(lanes, scores, v));
     }
     let mut lane_values = [0f32; LANES];
-    // SAFETY: see above.
+    // SAFETY: `lane_values` holds LANES floats.
     unsafe { lanes.store(lane_values.as_mut_ptr(), maxima) };
     let block_max = lane_max(lane_values);
     let max = state.max.max(block_max);
@@ -121,15 +119,25 @@ pub(crate) fn soften<L: Lanes>(
     let shift = lanes.splat(max);
     let mut sums = lanes.zero();
     for v in 0..KEY_VECTORS {
-        let weights = lanes.exp(lanes.sub(load(v, scores), shift));
-        // SAFETY: see above.
+        let weights = lanes.exp(lanes.sub(load_vector(lanes, scores, v), shift));
+        // SAFETY: `v < KEY_VECTORS`, so the vector lies within `scores`.
         unsafe { lanes.store(scores[v * LANES..].as_mut_ptr(), weights) };
         sums = lanes.add(sums, weights);
     }
-    // SAFETY: see above.
+    // SAFETY: `lane_values` holds LANES floats.
     unsafe { lanes.store(lane_values.as_mut_ptr(), sums) };
     state.sum += lane_sum(lane_values);
     state.max = max;
+}
+
+/// Vector `v` of a block's scores. (A function, not a closure: a closure
+/// is compiled without the caller's instruction set, so the vector
+/// operations inside it would not inline.)
+#[inline(always)]
+fn load_vector<L: Lanes>(lanes: L, scores: &[f32; BLOCK], v: usize) -> L::V {
+    assert!(v < KEY_VECTORS);
+    // SAFETY: `(v + 1) · LANES <= BLOCK`, the length of `scores`.
+    unsafe { lanes.load(scores[v * LANES..].as_ptr()) }
 }
 
 /// `acc[n] += Σ_{j in slots} weights[n][j] · value j`, `j` in order, `DV`
@@ -184,14 +192,19 @@ fn accumulate_pass<L: Lanes, const N: usize, const D: usize>(
     // SAFETY (loads and stores below): `(first + D) · LANES <= stride`, the
     // length of every `acc[n]` and of every value row; the rows read are
     // slots below BLOCK (asserted by the caller).
-    let mut sums: [[L::V; D]; N] = std::array::from_fn(|n| {
-        std::array::from_fn(|v| unsafe { lanes.load(acc[n][(first + v) * LANES..].as_ptr()) })
-    });
+    let mut sums = [[lanes.zero(); D]; N];
+    for n in 0..N {
+        for v in 0..D {
+            sums[n][v] = unsafe { lanes.load(acc[n][(first + v) * LANES..].as_ptr()) };
+        }
+    }
     for j in slots.clone() {
         let row = values[j * stride + first * LANES..].as_ptr();
         // SAFETY: see above.
-        let value: [L::V; D] =
-            std::array::from_fn(|v| unsafe { lanes.load_half(row.add(v * LANES)) });
+        let mut value = [lanes.zero(); D];
+        for (v, value) in value.iter_mut().enumerate() {
+            *value = unsafe { lanes.load_half(row.add(v * LANES)) };
+        }
         for n in 0..N {
             let w = lanes.splat(weights[n][j]);
             for v in 0..D {

@@ -364,8 +364,11 @@ mod avx2 {
         if b < blocks {
             step!(b, 0);
         }
-        std::array::from_fn(|r| {
-            std::array::from_fn(|j| {
+        // Loops, not `array::from_fn`: its closure would be compiled without
+        // this function's instruction sets and call them out of line.
+        let mut out = [[0f32; W]; R];
+        for r in 0..R {
+            for j in 0..W {
                 let mut lanes = [0f32; LANES];
                 // SAFETY: `lanes` holds eight floats.
                 unsafe {
@@ -374,9 +377,10 @@ mod avx2 {
                         _mm256_add_ps(acc[r][j][0], acc[r][j][1]),
                     )
                 };
-                combine(&lanes)
-            })
-        })
+                out[r][j] = combine(&lanes);
+            }
+        }
+        out
     }
 }
 
@@ -609,17 +613,21 @@ mod avx512 {
         if b < blocks {
             step!(b, false);
         }
-        std::array::from_fn(|r| {
-            std::array::from_fn(|j| {
+        // Loops, not `array::from_fn`: its closure would be compiled without
+        // AVX-512 and call these instructions out of line.
+        let mut out = [[0f32; W]; R];
+        for r in 0..R {
+            for j in 0..W {
                 let even = _mm512_castps512_ps256(acc[r][j]);
                 let odd =
                     _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r][j])));
                 let mut lanes = [0f32; LANES];
                 // SAFETY: `lanes` holds eight floats.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(even, odd)) };
-                combine(&lanes)
-            })
-        })
+                out[r][j] = combine(&lanes);
+            }
+        }
+        out
     }
 }
 
