@@ -137,29 +137,22 @@ impl Lanes for Portable {
 /// The sum of a vector's lanes, in one fixed tree: halves added lane to
 /// lane until one lane is left.
 pub(crate) fn lane_sum(v: [f32; LANES]) -> f32 {
-    let mut v = v;
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
+    fold_halves(v, |a, b| a + b)
 }
 
-/// The largest of a vector's lanes (a tree as [`lane_sum`]'s; without NaN
-/// the order cannot matter).
+/// The largest of a vector's lanes (the same tree; without NaN the order
+/// cannot matter).
 pub(crate) fn lane_max(v: [f32; LANES]) -> f32 {
-    let mut v = v;
+    fold_halves(v, |a, b| if a > b { a } else { b })
+}
+
+/// Lane `l` takes `op(lane l, lane l + width)` for width = LANES / 2, ...,
+/// 1; lane 0 is the result.
+fn fold_halves(mut v: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
     let mut width = LANES / 2;
     while width > 0 {
         for l in 0..width {
-            v[l] = if v[l] > v[l + width] {
-                v[l]
-            } else {
-                v[l + width]
-            };
+            v[l] = op(v[l], v[l + width]);
         }
         width /= 2;
     }

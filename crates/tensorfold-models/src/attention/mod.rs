@@ -223,9 +223,8 @@ fn fold_task<L: Lanes, const QUERIES: usize, const KV: usize, const DV: usize>(
         task.kv_head,
     );
     let first_head = kv_head * shape.group + task.heads.start;
-    let Some(stride) = blocks.first().map(|b| b.value_stride()) else {
-        return Vec::new();
-    };
+    // `attention_with` checked that the blocks hold at least one row.
+    let stride = blocks[0].value_stride();
     let mut states: Vec<Running> = (0..rows.len() * task_heads)
         .map(|_| Running::new(stride))
         .collect();
@@ -257,14 +256,14 @@ fn fold_task<L: Lanes, const QUERIES: usize, const KV: usize, const DV: usize>(
                 });
             }
         }
-        let pass = Pass::new(
+        let pass = Pass {
             lanes,
-            block.keys(kv_head),
-            block.values(kv_head),
+            keys: block.keys(kv_head),
+            values: block.values(kv_head),
             stride,
             shape,
             q,
-        );
+        };
         pass.run_all::<QUERIES, KV, DV>(&alive, &mut states, &mut scratch);
     }
     let mut out = Vec::with_capacity(states.len() * hd);
@@ -285,26 +284,7 @@ struct Pass<'a, L> {
     q: &'a [f32],
 }
 
-impl<'a, L: Lanes> Pass<'a, L> {
-    #[inline(always)]
-    fn new(
-        lanes: L,
-        keys: &'a [half::f16],
-        values: &'a [half::f16],
-        stride: usize,
-        shape: &'a Shape,
-        q: &'a [f32],
-    ) -> Self {
-        Pass {
-            lanes,
-            keys,
-            values,
-            stride,
-            shape,
-            q,
-        }
-    }
-
+impl<L: Lanes> Pass<'_, L> {
     /// Every alive query, `QUERIES` a pass.
     #[inline(always)]
     fn run_all<const QUERIES: usize, const KV: usize, const DV: usize>(
