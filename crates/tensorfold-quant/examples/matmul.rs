@@ -3,7 +3,8 @@
 //! (only the shapes whose name contains NAME).
 //!
 //! Times are the calling thread's CPU time (steadier than wall time on a
-//! busy machine); run with `RAYON_NUM_THREADS=1` to time one core.
+//! busy machine); run with `RAYON_NUM_THREADS=1` to time one core, or set
+//! `MATMUL_WALL=1` for wall time (every thread's work).
 
 use tensorfold_quant::{Format, Matrix};
 
@@ -15,6 +16,13 @@ fn values(n: usize) -> Vec<f32> {
 
 /// Nanoseconds of CPU time this thread has used.
 fn thread_nanos() -> u64 {
+    if std::env::var_os("MATMUL_WALL").is_some() {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        return START
+            .get_or_init(std::time::Instant::now)
+            .elapsed()
+            .as_nanos() as u64;
+    }
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -34,6 +42,9 @@ fn main() {
         ("q 896x896 Q5_0", Format::Q5_0, 896, 896, 24),
         ("down 896x4864 Q6_K", Format::Q6K, 896, 4864, 1),
         ("up 8960x1536 Q4_K", Format::Q4K, 8960, 1536, 1),
+        ("q 1536x1536 Q4_K", Format::Q4K, 1536, 1536, 1),
+        ("down 1536x8960 Q6_K", Format::Q6K, 1536, 8960, 1),
+        ("down 1536x8960 Q4_K", Format::Q4K, 1536, 8960, 1),
     ];
     let only = std::env::args().nth(1).unwrap_or_default();
     for (name, f, n, k, per_token) in shapes {
@@ -41,10 +52,10 @@ fn main() {
             continue;
         }
         let w = Matrix::from_f32(f, n, k, &values(n * k)).unwrap();
-        let x = values(64 * k);
-        let mut out = vec![0f32; 64 * n];
+        let x = values(256 * k);
+        let mut out = vec![0f32; 256 * n];
         let mut line = format!("{name:<24}");
-        for m in [1, 2, 4, 9, 64] {
+        for m in [1, 9, 16, 64, 256] {
             let reps = (500_000_000 / (n * k * 8)).max(3);
             let mut best = f64::MAX;
             for _ in 0..7 {

@@ -177,6 +177,7 @@ pub(crate) const EXP_POLY: [f32; 6] = [
 /// `e^x` by range reduction and a polynomial: the same bits in every lane of
 /// every instruction set (within about 2 ulp of the true value; 0 for
 /// `-inf`).
+#[inline]
 pub(crate) fn exp(x: f32) -> f32 {
     if x == f32::NEG_INFINITY {
         return 0.0;

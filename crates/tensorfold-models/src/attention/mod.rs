@@ -25,6 +25,7 @@ mod x86;
 
 use crate::config::ModelConfig;
 use kernels::{accumulate, scores, soften, Running};
+pub(crate) use lanes::exp;
 use lanes::{Isa, Lanes, Portable};
 use rayon::prelude::*;
 use std::ops::Range;

@@ -3,10 +3,16 @@
 
 use super::activations::QuantizedRows;
 use super::unpack::{Layout, Packing, UnpackedRows};
+use super::wide::{Inputs, Weights};
 use super::{BLOCK, HALF};
 
 /// Lanes of the running float sums, as in [`crate::dot`].
 const LANES: usize = 8;
+
+/// Input rows from which the wide kernel runs: below, unpacking the tile
+/// and the inputs' pair terms costs more than it saves.
+#[cfg(target_arch = "x86_64")]
+const WIDE_FROM: usize = 32;
 
 /// The instruction sets the kernels come in, picked once from the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +72,16 @@ impl Isa {
         }
     }
 
+    /// From how many input rows a call runs the wide kernel, which reads
+    /// per-call input terms and unpacked weights; `None` where there is none.
+    pub fn wide_from(self) -> Option<usize> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => Some(WIDE_FROM),
+            _ => None,
+        }
+    }
+
     /// The fastest this CPU runs (`TENSORFOLD_CPU_KERNELS=portable` forces
     /// the portable one).
     pub fn detect() -> Isa {
@@ -107,6 +123,9 @@ pub(crate) struct Operands<'a> {
     pub values: Values<'a>,
     pub j0: usize,
     pub layout: Layout,
+    /// The call's inputs and the tile's weights as the wide kernel's
+    /// records, where it runs.
+    pub wide: Option<(&'a Inputs, &'a Weights)>,
 }
 
 /// Weight values as `packing` lays them out: block `b` of row `j` starts at
@@ -127,7 +146,7 @@ impl Values<'_> {
     }
 
     /// The 32 values of block `b` of row `j`: only for [`Packing::Bytes`].
-    fn block(&self, j: usize, b: usize) -> &[i8] {
+    pub fn block(&self, j: usize, b: usize) -> &[i8] {
         assert_eq!(self.packing, Packing::Bytes, "a packed block has no bytes");
         &self.data[self.at(j, b)..][..BLOCK]
     }
@@ -161,11 +180,17 @@ impl Operands<'_> {
         if !self.layout.block_mins {
             return None;
         }
+        let mut out = [[0f32; W]; R];
+        if let Some((_, weights)) = self.wide {
+            for (r, row) in out.iter_mut().enumerate() {
+                row.copy_from_slice(&weights.row_mins[self.r0 + r][self.j0..][..W]);
+            }
+            return Some(out);
+        }
         let blocks = self.blocks();
         let x = &self.inputs.block_sums[self.r0 * blocks..];
         let w = &self.weights.block_mins[self.j0 * blocks..];
         assert!(x.len() >= R * blocks && w.len() >= W * blocks);
-        let mut out = [[0f32; W]; R];
         // SAFETY: `R` rows of `x` and `W` of `w`, `blocks` apart and long,
         // asserted above.
         unsafe {
@@ -234,16 +259,21 @@ pub(crate) fn dots<const R: usize, const W: usize>(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512Vnni` only where AVX-512 F/BW/VNNI run.
         Isa::Avx512Vnni => unsafe {
-            match ops.values.packing {
-                Packing::Bytes => avx512::main::<R, W, { avx512::BYTES }>(ops),
-                Packing::Nibbles { fifth: None, .. } => {
+            match (ops.wide, ops.values.packing) {
+                (Some((inputs, weights)), _) => avx512::wide::<R, W>(
+                    inputs.group(ops.r0),
+                    weights.rows_from(ops.j0),
+                    inputs.blocks,
+                ),
+                (None, Packing::Bytes) => avx512::main::<R, W, { avx512::BYTES }>(ops),
+                (None, Packing::Nibbles { fifth: None, .. }) => {
                     avx512::main::<R, W, { avx512::NIBBLES }>(ops)
                 }
-                Packing::Nibbles { fifth: Some(_), .. } => {
+                (None, Packing::Nibbles { fifth: Some(_), .. }) => {
                     avx512::main::<R, W, { avx512::FIFTH_BITS }>(ops)
                 }
-                Packing::KNibbles => avx512::main::<R, W, { avx512::K_NIBBLES }>(ops),
-                Packing::SixBits => avx512::main::<R, W, { avx512::SIX_BITS }>(ops),
+                (None, Packing::KNibbles) => avx512::main::<R, W, { avx512::K_NIBBLES }>(ops),
+                (None, Packing::SixBits) => avx512::main::<R, W, { avx512::SIX_BITS }>(ops),
             }
         },
     };
@@ -386,8 +416,11 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::super::wide::{InputPair, WeightPair, ROWS};
+    use super::super::TILE;
     use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
     use std::arch::x86_64::*;
+    use std::ptr::addr_of;
 
     /// How `main` reads weight values (a constant, so each way compiles to
     /// its own loop): see [`Packing`].
@@ -396,6 +429,25 @@ mod avx512 {
     pub const FIFTH_BITS: u8 = 2;
     pub const K_NIBBLES: u8 = 3;
     pub const SIX_BITS: u8 = 4;
+
+    /// The floats `v[at..at + n]` (`n <= 4`, zeros after), spread by
+    /// `index` (a macro, not a closure, so it inlines with AVX-512).
+    macro_rules! spread {
+        ($v:expr, $at:expr, $n:expr, $index:expr) => {{
+            let (v, at, n): (&[f32], usize, usize) = ($v, $at, $n);
+            assert!(at + n <= v.len());
+            // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
+            let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
+            _mm512_permutexvar_ps($index, four)
+        }};
+    }
+
+    /// Lane `l` takes element `l / 4` (weight half scales) of the first
+    /// 128 bits.
+    #[target_feature(enable = "avx512f")]
+    fn by_four() -> __m512i {
+        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+    }
 
     /// [`super::avx2::main`] two blocks at a time: the low eight lanes of a
     /// register hold the even block's sums and the high eight the odd
@@ -457,18 +509,7 @@ mod avx512 {
         // Lane `l` takes element `l / 8` (input scales) or `l / 4` (weight
         // half scales) of the first 128 bits.
         let by_eight = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let by_four = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-        // The floats `v[at..at + n]` (`n <= 4`, zeros after), spread by
-        // `index` (a macro, not a closure, so it inlines with AVX-512).
-        macro_rules! spread {
-            ($v:expr, $at:expr, $n:expr, $index:expr) => {{
-                let (v, at, n): (&[f32], usize, usize) = ($v, $at, $n);
-                assert!(at + n <= v.len());
-                // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
-                let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
-                _mm512_permutexvar_ps($index, four)
-            }};
-        }
+        let by_four = by_four();
         // The unsigned values of blocks `b` and, where `pair`, `b + 1` of
         // weight row `j`: 32 bytes each (zeros for a missing odd block).
         macro_rules! unsigned_values {
@@ -613,6 +654,73 @@ mod avx512 {
         if b < blocks {
             step!(b, false);
         }
+        finish(&acc)
+    }
+    /// [`main`] for up to [`ROWS`] input rows of one group and `W` weight
+    /// rows, on records (see [`super::super::wide`]): every term a lane
+    /// needs is read in order from the two streams of records, so only the
+    /// `R x W` running sums stay in registers. Same lanes, same order, same
+    /// bits as [`main`].
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VNNI must be available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn wide<const R: usize, const W: usize>(
+        inputs: &[InputPair],
+        weights: &[WeightPair],
+        blocks: usize,
+    ) -> [[f32; W]; R] {
+        let pairs = blocks.div_ceil(2);
+        assert!(pairs > 0 && R <= ROWS && W <= TILE);
+        assert!(inputs.len() >= pairs * ROWS && weights.len() >= (pairs - 1) * TILE + W);
+        let (x, w) = (inputs.as_ptr(), weights.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
+        // Pair `p` into the lanes `used` (the even block's alone after a
+        // lone last block, which leaves the odd running sums as they are).
+        macro_rules! step {
+            ($p:expr, $used:expr) => {{
+                let p = $p;
+                let mut xv = [_mm512_setzero_si512(); R];
+                let mut x_scales = [_mm512_setzero_ps(); R];
+                for r in 0..R {
+                    // SAFETY: record `(p, r)` of the group, in bounds
+                    // (asserted above); records are 64-byte aligned.
+                    unsafe {
+                        let at = x.add(p * ROWS + r);
+                        xv[r] = _mm512_load_si512(addr_of!((*at).values) as *const _);
+                        x_scales[r] = _mm512_load_ps(addr_of!((*at).scales) as *const f32);
+                    }
+                }
+                for j in 0..W {
+                    // SAFETY: record `(p, j)` of the weights, as above.
+                    let (signed, start, w_scales) = unsafe {
+                        let at = w.add(p * TILE + j);
+                        (
+                            _mm512_load_si512(addr_of!((*at).values) as *const _),
+                            _mm512_load_si512(addr_of!((*at).starts) as *const _),
+                            _mm512_load_ps(addr_of!((*at).scales) as *const f32),
+                        )
+                    };
+                    for r in 0..R {
+                        let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, xv[r], signed));
+                        let factors = _mm512_mul_ps(w_scales, x_scales[r]);
+                        acc[r][j] = _mm512_mask3_fmadd_ps(factors, lanes, acc[r][j], $used);
+                    }
+                }
+            }};
+        }
+        for p in 0..blocks / 2 {
+            step!(p, 0xFFFF);
+        }
+        if blocks % 2 == 1 {
+            step!(blocks / 2, 0x00FF);
+        }
+        finish(&acc)
+    }
+
+    /// Each running sum's even and odd lanes added and combined.
+    #[target_feature(enable = "avx512f,avx2")]
+    fn finish<const R: usize, const W: usize>(acc: &[[__m512; W]; R]) -> [[f32; W]; R] {
         // Loops, not `array::from_fn`: its closure would be compiled without
         // AVX-512 and call these instructions out of line.
         let mut out = [[0f32; W]; R];

@@ -13,12 +13,14 @@
 mod activations;
 mod kernel;
 mod unpack;
+mod wide;
 
 use crate::Format;
 use activations::QuantizedRows;
 use kernel::{Isa, Operands, Values};
 use rayon::prelude::*;
 use unpack::{Packing, UnpackedRows};
+use wide::Inputs;
 
 pub(crate) use unpack::layout;
 
@@ -38,6 +40,7 @@ const TASKS_PER_THREAD: usize = 4;
 
 thread_local! {
     static UNPACKED: std::cell::RefCell<UnpackedRows> = std::cell::RefCell::default();
+    static WIDE_WEIGHTS: std::cell::RefCell<wide::Weights> = std::cell::RefCell::default();
 }
 
 /// One weight matrix of a product: `rows x cols` in `format`'s GGUF
@@ -71,6 +74,10 @@ fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: us
         return;
     }
     let inputs = QuantizedRows::new(x, m, cols);
+    let wide = isa
+        .wide_from()
+        .filter(|&from| m >= from)
+        .map(|_| Inputs::new(&inputs, m));
     // Every product's tiles, in order: (product, first row).
     let tiles: Vec<(usize, usize)> = products
         .iter()
@@ -85,7 +92,20 @@ fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: us
         let (format, bytes, rows, out) = targets[p];
         // SAFETY: the tile writes columns `j0..` of its product's `m` output
         // rows, in bounds (asserted above) and written by no other tile.
-        unsafe { tile(isa, &inputs, format, bytes, rows, cols, j0, m, out) }
+        unsafe {
+            tile(
+                isa,
+                &inputs,
+                wide.as_ref(),
+                format,
+                bytes,
+                rows,
+                cols,
+                j0,
+                m,
+                out,
+            )
+        }
     };
     let work: usize = products.iter().map(|p| p.rows).sum::<usize>() * cols * m;
     let threads = rayon::current_num_threads();
@@ -98,7 +118,8 @@ fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: us
 }
 
 /// Unpacks the tile of weight rows from `j0` and computes its columns of
-/// all `m` output rows.
+/// all `m` output rows (with the wide kernel where `wide` holds the inputs'
+/// records).
 ///
 /// # Safety
 /// `out` must be valid for `m * rows` floats, and no other thread may write
@@ -107,6 +128,7 @@ fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: us
 unsafe fn tile(
     isa: Isa,
     inputs: &QuantizedRows,
+    wide: Option<&Inputs>,
     format: Format,
     bytes: &[u8],
     rows: usize,
@@ -122,7 +144,10 @@ unsafe fn tile(
         let tile = &bytes[j0 * row_bytes..][..width * row_bytes];
         let next = &bytes[(j0 + width) * row_bytes..];
         prefetch(&next[..next.len().min(tile.len())]);
-        let packed = layout.packed.filter(|_| isa.reads_packed());
+        // The wide kernel reads records of bytes, laid out once here.
+        let packed = layout
+            .packed
+            .filter(|_| isa.reads_packed() && wide.is_none());
         weights.fill(format, tile, width, cols, packed.is_none());
         // SAFETY: `u8` and `i8` have one size and alignment, and the slice
         // is only read.
@@ -151,31 +176,44 @@ unsafe fn tile(
                 packing: Packing::Bytes,
             },
         };
-        let mut i = 0;
-        while i < m {
-            let height = (m - i).min(isa.max_rows());
-            let ops = Operands {
-                inputs,
-                r0: i,
-                weights,
-                values,
-                j0: 0,
-                layout,
-            };
-            // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
-            // caller's.
-            unsafe {
-                match (height, isa.max_rows()) {
-                    (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
-                    (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
-                    (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
-                    (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
-                    (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
-                    _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
+        WIDE_WEIGHTS.with_borrow_mut(|records| {
+            let blocks = cols / BLOCK;
+            if wide.is_some() {
+                records.fill(&values, &weights.half_scales, width, blocks);
+                if layout.block_mins {
+                    records.fill_mins(&weights.block_mins, width, &inputs.block_sums, m);
                 }
             }
-            i += height;
-        }
+            let most = isa.max_rows();
+            // Calls start at multiples of a record group.
+            assert!(wide.is_none() || most == wide::ROWS);
+            let mut i = 0;
+            while i < m {
+                let height = (m - i).min(most);
+                let ops = Operands {
+                    inputs,
+                    r0: i,
+                    weights,
+                    values,
+                    j0: 0,
+                    layout,
+                    wide: wide.map(|inputs| (inputs, &*records)),
+                };
+                // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
+                // caller's.
+                unsafe {
+                    match (height, most) {
+                        (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
+                        (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
+                        (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
+                        (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
+                        (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
+                        _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
+                    }
+                }
+                i += height;
+            }
+        })
     })
 }
 
@@ -311,7 +349,7 @@ mod tests {
     }
 
     /// Every instruction set gives the reference's bits, for every call
-    /// height (both kernel shapes and their remainders, a partial tile).
+    /// height (each kernel shape and its remainders, a partial tile).
     #[test]
     fn every_isa_and_height_gives_the_reference_bits() {
         for format in formats() {
@@ -321,15 +359,19 @@ mod tests {
                 }
                 let (n, k) = (37, cols);
                 let w = quantized(format, n, k, 11);
-                let x = values(9 * k, 12);
-                let want = run(Isa::Portable, &w, &x, 9);
+                let wide = Isa::detect().wide_from().unwrap_or(16);
+                let most = wide + 7;
+                let x = values(most * k, 12);
+                let want = run(Isa::Portable, &w, &x, most);
                 for isa in Isa::available() {
-                    for m in 1..=9 {
+                    // Few rows, and the wide kernel's heights where it runs.
+                    let wide_heights = (wide..=wide + 3).chain([most]);
+                    for m in (1..=9).chain([12, 13]).chain(wide_heights) {
                         let got = run(isa, &w, &x, m);
                         assert_eq!(got, want[..m * n], "{format} {isa:?} m={m}");
                     }
                     // A row alone equals the same row at any offset in a call.
-                    for i in 0..9 {
+                    for i in 0..most {
                         let one = run(isa, &w, &x[i * k..], 1);
                         assert_eq!(one, want[i * n..(i + 1) * n], "{format} {isa:?} row {i}");
                     }
