@@ -14,8 +14,9 @@ fn values(n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Nanoseconds of CPU time this thread has used.
-fn thread_nanos() -> u64 {
+/// Nanoseconds of CPU time this thread has used, or of wall time since the
+/// first call with `MATMUL_WALL` set.
+fn nanos() -> u64 {
     if std::env::var_os("MATMUL_WALL").is_some() {
         static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
         return START
@@ -59,11 +60,11 @@ fn main() {
             let reps = (500_000_000 / (n * k * 8)).max(3);
             let mut best = f64::MAX;
             for _ in 0..7 {
-                let t = thread_nanos();
+                let t = nanos();
                 for _ in 0..reps {
                     w.matmul(&x, m, &mut out);
                 }
-                best = best.min((thread_nanos() - t) as f64 / reps as f64);
+                best = best.min((nanos() - t) as f64 / reps as f64);
             }
             line += &format!("  m={m} {:>7.3}ms", best * 1e-6 * per_token as f64);
         }

@@ -17,8 +17,9 @@
 /// Lanes of the running sums.
 pub(crate) const LANES: usize = 8;
 
+/// The fixed combine of the lane sums and the tail.
 #[inline(always)]
-fn combine(acc: &[f32; LANES], tail: f32) -> f32 {
+pub(crate) fn combine(acc: &[f32; LANES], tail: f32) -> f32 {
     let s0 = (acc[0] + acc[4]) + (acc[2] + acc[6]);
     let s1 = (acc[1] + acc[5]) + (acc[3] + acc[7]);
     (s0 + s1) + tail

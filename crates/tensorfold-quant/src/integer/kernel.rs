@@ -430,25 +430,6 @@ mod avx512 {
     pub const K_NIBBLES: u8 = 3;
     pub const SIX_BITS: u8 = 4;
 
-    /// The floats `v[at..at + n]` (`n <= 4`, zeros after), spread by
-    /// `index` (a macro, not a closure, so it inlines with AVX-512).
-    macro_rules! spread {
-        ($v:expr, $at:expr, $n:expr, $index:expr) => {{
-            let (v, at, n): (&[f32], usize, usize) = ($v, $at, $n);
-            assert!(at + n <= v.len());
-            // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
-            let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
-            _mm512_permutexvar_ps($index, four)
-        }};
-    }
-
-    /// Lane `l` takes element `l / 4` (weight half scales) of the first
-    /// 128 bits.
-    #[target_feature(enable = "avx512f")]
-    fn by_four() -> __m512i {
-        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-    }
-
     /// [`super::avx2::main`] two blocks at a time: the low eight lanes of a
     /// register hold the even block's sums and the high eight the odd
     /// block's, so the even and odd running sums are those of AVX2. VNNI's
@@ -509,7 +490,18 @@ mod avx512 {
         // Lane `l` takes element `l / 8` (input scales) or `l / 4` (weight
         // half scales) of the first 128 bits.
         let by_eight = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let by_four = by_four();
+        let by_four = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        // The floats `v[at..at + n]` (`n <= 4`, zeros after), spread by
+        // `index` (a macro, not a closure, so it inlines with AVX-512).
+        macro_rules! spread {
+            ($v:expr, $at:expr, $n:expr, $index:expr) => {{
+                let (v, at, n): (&[f32], usize, usize) = ($v, $at, $n);
+                assert!(at + n <= v.len());
+                // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
+                let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
+                _mm512_permutexvar_ps($index, four)
+            }};
+        }
         // The unsigned values of blocks `b` and, where `pair`, `b + 1` of
         // weight row `j`: 32 bytes each (zeros for a missing odd block).
         macro_rules! unsigned_values {
@@ -656,11 +648,12 @@ mod avx512 {
         }
         finish(&acc)
     }
+
     /// [`main`] for up to [`ROWS`] input rows of one group and `W` weight
     /// rows, on records (see [`super::super::wide`]): every term a lane
-    /// needs is read in order from the two streams of records, so only the
-    /// `R x W` running sums stay in registers. Same lanes, same order, same
-    /// bits as [`main`].
+    /// needs is read in order from the two streams of records, so registers
+    /// hold only the `R x W` running sums, the group's inputs and one weight
+    /// row's terms. Same lanes, same order, same bits as [`main`].
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI must be available.

@@ -38,9 +38,16 @@ const SERIAL_WORK: usize = 1 << 15;
 
 const TASKS_PER_THREAD: usize = 4;
 
+/// A thread's buffers for the tile it works on: the unpacked weight rows
+/// and, for the wide kernel, their records.
+#[derive(Default)]
+struct TileBuffers {
+    unpacked: UnpackedRows,
+    records: wide::Weights,
+}
+
 thread_local! {
-    static UNPACKED: std::cell::RefCell<UnpackedRows> = std::cell::RefCell::default();
-    static WIDE_WEIGHTS: std::cell::RefCell<wide::Weights> = std::cell::RefCell::default();
+    static TILE_BUFFERS: std::cell::RefCell<TileBuffers> = std::cell::RefCell::default();
 }
 
 /// One weight matrix of a product: `rows x cols` in `format`'s GGUF
@@ -140,7 +147,8 @@ unsafe fn tile(
     let layout = layout(format).expect("checked by the caller");
     let width = TILE.min(rows - j0);
     let row_bytes = format.matrix_bytes(1, cols);
-    UNPACKED.with_borrow_mut(|weights| {
+    TILE_BUFFERS.with_borrow_mut(|buffers| {
+        let TileBuffers { unpacked, records } = buffers;
         let tile = &bytes[j0 * row_bytes..][..width * row_bytes];
         let next = &bytes[(j0 + width) * row_bytes..];
         prefetch(&next[..next.len().min(tile.len())]);
@@ -148,7 +156,7 @@ unsafe fn tile(
         let packed = layout
             .packed
             .filter(|_| isa.reads_packed() && wide.is_none());
-        weights.fill(format, tile, width, cols, packed.is_none());
+        unpacked.fill(format, tile, width, cols, packed.is_none());
         // SAFETY: `u8` and `i8` have one size and alignment, and the slice
         // is only read.
         let tile_bytes =
@@ -169,51 +177,48 @@ unsafe fn tile(
                 packing: Packing::Bytes,
             },
             (None, None) => Values {
-                data: &weights.values,
+                data: &unpacked.values,
                 start: 0,
                 row_stride: cols,
                 block_stride: BLOCK,
                 packing: Packing::Bytes,
             },
         };
-        WIDE_WEIGHTS.with_borrow_mut(|records| {
-            let blocks = cols / BLOCK;
-            if wide.is_some() {
-                records.fill(&values, &weights.half_scales, width, blocks);
-                if layout.block_mins {
-                    records.fill_mins(&weights.block_mins, width, &inputs.block_sums, m);
+        if wide.is_some() {
+            records.fill(&values, &unpacked.half_scales, width, cols / BLOCK);
+            if layout.block_mins {
+                records.fill_mins(&unpacked.block_mins, width, &inputs.block_sums, m);
+            }
+        }
+        let most = isa.max_rows();
+        // Calls start at multiples of a record group.
+        assert!(wide.is_none() || most == wide::ROWS);
+        let mut i = 0;
+        while i < m {
+            let height = (m - i).min(most);
+            let ops = Operands {
+                inputs,
+                r0: i,
+                weights: unpacked,
+                values,
+                j0: 0,
+                layout,
+                wide: wide.map(|inputs| (inputs, &*records)),
+            };
+            // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
+            // caller's.
+            unsafe {
+                match (height, most) {
+                    (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
+                    (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
+                    (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
+                    (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
+                    (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
+                    _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
                 }
             }
-            let most = isa.max_rows();
-            // Calls start at multiples of a record group.
-            assert!(wide.is_none() || most == wide::ROWS);
-            let mut i = 0;
-            while i < m {
-                let height = (m - i).min(most);
-                let ops = Operands {
-                    inputs,
-                    r0: i,
-                    weights,
-                    values,
-                    j0: 0,
-                    layout,
-                    wide: wide.map(|inputs| (inputs, &*records)),
-                };
-                // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
-                // caller's.
-                unsafe {
-                    match (height, most) {
-                        (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
-                        (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
-                        (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
-                        (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
-                        (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
-                        _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
-                    }
-                }
-                i += height;
-            }
-        })
+            i += height;
+        }
     })
 }
 

@@ -95,8 +95,8 @@ impl Inputs {
 /// A tile's weight rows as records: pair `p`, row `j` at `p * TILE + j`.
 #[derive(Default)]
 pub(crate) struct Weights {
-    pub blocks: usize,
-    pub records: Vec<WeightPair>,
+    blocks: usize,
+    records: Vec<WeightPair>,
     /// The block minimums, block after block, the tile's rows side by side
     /// (empty for formats without them).
     mins: Vec<[f32; TILE]>,
@@ -143,9 +143,7 @@ impl Weights {
             }
         }
         self.row_mins.resize(m, [0.0; TILE]);
-        for (r, out) in self.row_mins.iter_mut().enumerate() {
-            *out = columns_dot(&sums[r * blocks..][..blocks], &self.mins);
-        }
+        columns_dots(&sums[..m * blocks], &self.mins, &mut self.row_mins);
     }
 
     /// The records from weight row `j0` of the tile on.
@@ -184,29 +182,34 @@ fn offset_bytes(values: &[i8], out: &mut [u8]) {
     }
 }
 
-/// `out[j]` = [`crate::dot_portable`]`(sums, column j of mins)`, for the
-/// tile's rows at once: the same lanes, tail and combine per column, so the
-/// same bits as each dot alone.
-fn columns_dot(sums: &[f32], mins: &[[f32; TILE]]) -> [f32; TILE] {
+/// `out[r][j]` = [`crate::dot_portable`]`(row r of sums, column j of
+/// mins)`, for the tile's rows at once: the same lanes, tail and combine per
+/// column, so the same bits as each dot alone. One row of `sums` is
+/// `mins.len()` long.
+fn columns_dots(sums: &[f32], mins: &[[f32; TILE]], out: &mut [[f32; TILE]]) {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx512f") {
         // SAFETY: AVX-512 F (and so FMA's instructions) runs here.
-        return unsafe { columns_dot_avx512(sums, mins) };
+        return unsafe { columns_dots_avx512(sums, mins, out) };
     }
-    columns_dot_in_order(sums, mins)
+    for (sums, out) in sums.chunks_exact(mins.len()).zip(out) {
+        *out = columns_dot(sums, mins);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-fn columns_dot_avx512(sums: &[f32], mins: &[[f32; TILE]]) -> [f32; TILE] {
-    columns_dot_in_order(sums, mins)
+fn columns_dots_avx512(sums: &[f32], mins: &[[f32; TILE]], out: &mut [[f32; TILE]]) {
+    for (sums, out) in sums.chunks_exact(mins.len()).zip(out) {
+        *out = columns_dot(sums, mins);
+    }
 }
 
-/// [`columns_dot`]'s arithmetic; loops only (no closures), so that it
+/// One row of [`columns_dots`]; loops only (no closures), so that it
 /// compiles with its caller's instruction sets.
 #[inline(always)]
-fn columns_dot_in_order(sums: &[f32], mins: &[[f32; TILE]]) -> [f32; TILE] {
-    const LANES: usize = crate::dot::LANES;
+fn columns_dot(sums: &[f32], mins: &[[f32; TILE]]) -> [f32; TILE] {
+    use crate::dot::{combine, LANES};
     let n = sums.len();
     let full = n / LANES * LANES;
     let mut acc = [[0f32; TILE]; LANES];
@@ -226,9 +229,11 @@ fn columns_dot_in_order(sums: &[f32], mins: &[[f32; TILE]]) -> [f32; TILE] {
     }
     let mut out = [0f32; TILE];
     for j in 0..TILE {
-        let s0 = (acc[0][j] + acc[4][j]) + (acc[2][j] + acc[6][j]);
-        let s1 = (acc[1][j] + acc[5][j]) + (acc[3][j] + acc[7][j]);
-        out[j] = (s0 + s1) + tail[j];
+        let mut lanes = [0f32; LANES];
+        for (lane, acc) in lanes.iter_mut().zip(&acc) {
+            *lane = acc[j];
+        }
+        out[j] = combine(&lanes, tail[j]);
     }
     out
 }
