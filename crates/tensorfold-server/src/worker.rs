@@ -214,6 +214,15 @@ fn run(
             micros,
             "round"
         );
+        // The gauges first: a client told its request is done must not
+        // still find it running.
+        metrics.running.store(batch.len() as u64, Ordering::Relaxed);
+        metrics
+            .reserved_bytes
+            .store(batch.reserved_bytes() as u64, Ordering::Relaxed);
+        metrics
+            .retained_bytes
+            .store(engine.prompt_cache_bytes() as u64, Ordering::Relaxed);
         for (id, completion) in finished {
             let pieces = streamed.remove(&id);
             match &completion {
@@ -235,13 +244,6 @@ fn run(
                 Err(e) => health.set_problem(format!("the device does not answer: {e}")),
             }
         }
-        metrics.running.store(batch.len() as u64, Ordering::Relaxed);
-        metrics
-            .reserved_bytes
-            .store(batch.reserved_bytes() as u64, Ordering::Relaxed);
-        metrics
-            .retained_bytes
-            .store(engine.prompt_cache_bytes() as u64, Ordering::Relaxed);
     }
 }
 
