@@ -138,6 +138,9 @@ pub(crate) struct Values<'a> {
     pub row_stride: usize,
     pub block_stride: usize,
     pub packing: Packing,
+    /// Bytes from a value to the same value of the next tile, which the
+    /// kernel asks the memory for while it works on this one (0: none).
+    pub ahead: usize,
 }
 
 impl Values<'_> {
@@ -298,6 +301,7 @@ struct Rows<'a> {
     half_scales: &'a [f32],
     blocks: usize,
     packing: Packing,
+    ahead: usize,
 }
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -317,6 +321,7 @@ impl<'a> Rows<'a> {
                 [..weight_rows * 2 * blocks],
             blocks,
             packing: ops.values.packing,
+            ahead: ops.values.ahead,
         }
     }
 }
@@ -347,6 +352,7 @@ mod avx2 {
             half_scales,
             blocks,
             packing,
+            ..
         } = rows;
         assert_eq!(packing, Packing::Bytes, "AVX2 reads unpacked values");
         let ones = _mm256_set1_epi16(1);
@@ -458,6 +464,7 @@ mod avx512 {
             half_scales,
             blocks,
             packing,
+            ahead,
         } = rows;
         let (qs, fifth) = match packing {
             Packing::Nibbles { qs, fifth, .. } => (qs, fifth.unwrap_or(0)),
@@ -601,6 +608,9 @@ mod avx512 {
                 }
             }};
         }
+        // Where block `b` of a row starts in its bytes, in 16.16 fixed
+        // point: the place of the next tile's bytes to ask for.
+        let block_bytes = (row_stride << 16) / blocks;
         let mut acc = [[_mm512_setzero_ps(); W]; R];
         // Blocks `b` and, where `pair`, `b + 1`; a lone last block leaves
         // the odd lanes' sums as they are.
@@ -623,6 +633,13 @@ mod avx512 {
                     x_factors[r] = spread!(&x_scales[r * blocks..], b, n, by_eight);
                 }
                 for j in 0..W {
+                    if ahead != 0 {
+                        let at = j * row_stride + ((b * block_bytes) >> 16) + ahead;
+                        // A prefetch reads nothing, so any address will do:
+                        // this one is the next tile's, or past the matrix's
+                        // end where that tile is narrower.
+                        _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(at));
+                    }
                     let unsigned = unsigned_values!(j, b, $pair);
                     let w_factors = spread!(&half_scales[j * 2 * blocks..], 2 * b, 2 * n, by_four);
                     for r in 0..R {
@@ -778,6 +795,7 @@ mod neon {
             half_scales,
             blocks,
             packing,
+            ..
         } = rows;
         assert_eq!(packing, Packing::Bytes, "NEON reads unpacked values");
         let zero = vdupq_n_s32(0);

@@ -12,6 +12,7 @@
 
 mod activations;
 mod kernel;
+mod scales;
 mod unpack;
 mod wide;
 
@@ -151,11 +152,22 @@ unsafe fn tile(
         let TileBuffers { unpacked, records } = buffers;
         let tile = &bytes[j0 * row_bytes..][..width * row_bytes];
         let next = &bytes[(j0 + width) * row_bytes..];
-        prefetch(&next[..next.len().min(tile.len())]);
+        let next = &next[..next.len().min(tile.len())];
         // The wide kernel reads records of bytes, laid out once here.
         let packed = layout
             .packed
             .filter(|_| isa.reads_packed() && wide.is_none());
+        // A kernel reading the GGUF bytes asks for the next tile's as it
+        // goes, so that memory and arithmetic overlap; otherwise the next
+        // tile is asked for at once, to arrive while this one is unpacked.
+        let streams =
+            isa.reads_packed() && wide.is_none() && (packed.is_some() || layout.in_place.is_some());
+        let ahead = if streams && !next.is_empty() {
+            tile.len()
+        } else {
+            prefetch(next);
+            0
+        };
         unpacked.fill(format, tile, width, cols, packed.is_none());
         // SAFETY: `u8` and `i8` have one size and alignment, and the slice
         // is only read.
@@ -168,6 +180,7 @@ unsafe fn tile(
                 row_stride: row_bytes,
                 block_stride: format.block_bytes(),
                 packing,
+                ahead,
             },
             (None, Some(start)) => Values {
                 data: tile_bytes,
@@ -175,6 +188,7 @@ unsafe fn tile(
                 row_stride: row_bytes,
                 block_stride: format.block_bytes(),
                 packing: Packing::Bytes,
+                ahead,
             },
             (None, None) => Values {
                 data: &unpacked.values,
@@ -182,6 +196,7 @@ unsafe fn tile(
                 row_stride: cols,
                 block_stride: BLOCK,
                 packing: Packing::Bytes,
+                ahead: 0,
             },
         };
         if wide.is_some() {

@@ -116,17 +116,8 @@ impl UnpackedRows {
             .resize(if layout.block_mins { blocks } else { 0 }, 0.0);
         let source = &bytes[..format.matrix_bytes(rows, cols)];
         if value_count == 0 {
-            // Only scales (and minimums) of one-scale 32-blocks: a plain
-            // loop, as short as the kernel's work on the block.
             let (half_scales, block_mins) = (&mut self.half_scales, &mut self.block_mins);
-            match format {
-                Format::Q4_0 => return block_scales::<18>(source, half_scales),
-                Format::Q4_1 => return block_scales_mins::<20>(source, half_scales, block_mins),
-                Format::Q5_0 => return block_scales::<22>(source, half_scales),
-                Format::Q5_1 => return block_scales_mins::<24>(source, half_scales, block_mins),
-                Format::Q8_0 => return block_scales::<34>(source, half_scales),
-                _ => {}
-            }
+            return super::scales::fill(format, source, half_scales, block_mins);
         }
         match format {
             Format::Q4_0 => each_block::<18, 1>(source, self, q4_0),
@@ -166,41 +157,22 @@ fn each_block<const BYTES: usize, const SUBS: usize>(
     }
 }
 
-/// The scale of each 32-block (`BYTES` long, its `f16` scale first), for
-/// both its halves.
-fn block_scales<const BYTES: usize>(source: &[u8], half_scales: &mut [f32]) {
-    for (block, halves) in source
-        .chunks_exact(BYTES)
-        .zip(half_scales.chunks_exact_mut(2))
-    {
-        halves.fill(f16_at(block, 0));
-    }
-}
-
-/// [`block_scales`] and the minimum (the `f16` after the scale).
-fn block_scales_mins<const BYTES: usize>(
-    source: &[u8],
-    half_scales: &mut [f32],
-    block_mins: &mut [f32],
-) {
-    for ((block, halves), min) in source
-        .chunks_exact(BYTES)
-        .zip(half_scales.chunks_exact_mut(2))
-        .zip(block_mins.iter_mut())
-    {
-        halves.fill(f16_at(block, 0));
-        *min = f16_at(block, 2);
-    }
+/// A Q6_K block's sixteen scales, `d *` the signed 8-bit scale.
+#[inline(always)]
+pub(super) fn q6k_scales(b: &[u8; 210], half_scales: &mut [f32; 16]) {
+    let d = f16_at(b, 208);
+    let scales: &[u8; 16] = b[192..208].try_into().expect("16 scales");
+    *half_scales = scales.map(|s| d * s as i8 as f32);
 }
 
 /// One GGUF block's share of the unpacked rows.
-struct Out<'a> {
-    values: &'a mut [i8],
-    half_scales: &'a mut [f32],
-    block_mins: &'a mut [f32],
+pub(super) struct Out<'a> {
+    pub values: &'a mut [i8],
+    pub half_scales: &'a mut [f32],
+    pub block_mins: &'a mut [f32],
 }
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
@@ -285,7 +257,8 @@ fn q8_0(b: &[u8; 34], out: Out) {
 /// low six bits of bytes 0-3 and 4-7; scales and minimums 4-7 in the
 /// nibbles of bytes 8-11 with their top two bits in the top bits of bytes
 /// 0-3 and 4-7), four bytes at a time without branches.
-fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+#[inline(always)]
+pub(super) fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let word = |at: usize| u32::from_le_bytes([q[at], q[at + 1], q[at + 2], q[at + 3]]);
     let (low, middle, high) = (word(0), word(4), word(8));
     let six = 0x3F3F_3F3F;
@@ -303,7 +276,8 @@ fn scales_mins_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 
 /// Scales and minimums shared by Q4_K and Q5_K: `d * scale` per sub-block
 /// of 32, minus `dmin * min`.
-fn k4_scales(b: &[u8], out: &mut Out) {
+#[inline(always)]
+pub(super) fn k4_scales(b: &[u8], out: &mut Out) {
     let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
     let (scales, mins) = scales_mins_k4(b[4..16].try_into().expect("12 bytes"));
     // Fixed-size arrays without branches, so the conversions vectorize.
@@ -347,11 +321,8 @@ fn q5_k(b: &[u8; 176], mut out: Out) {
 }
 
 fn q6_k(b: &[u8; 210], out: Out) {
-    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-    let d = f16_at(b, 208);
-    let scales: &[u8; 16] = scales.try_into().expect("16 scales");
-    let half_scales: &mut [f32; 16] = out.half_scales.try_into().expect("16 halves");
-    *half_scales = scales.map(|s| d * s as i8 as f32);
+    let (ql, qh) = (&b[0..128], &b[128..192]);
+    q6k_scales(b, out.half_scales.try_into().expect("16 halves"));
     // Element `128 n + 32 part + l` takes its low four bits from `ql` and
     // its high two from `qh`, as GGML lays a Q6_K block out.
     for (t, block) in out.values.chunks_exact_mut(BLOCK).enumerate() {
