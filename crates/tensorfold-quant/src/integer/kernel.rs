@@ -6,8 +6,11 @@ use super::unpack::{Layout, Packing, UnpackedRows};
 use super::wide::{Inputs, Weights};
 use super::{BLOCK, HALF};
 
-/// Lanes of the running float sums, as in [`crate::dot`].
-const LANES: usize = 8;
+/// Running float sums of a dot: half block `h` goes into sum `h % SUMS`
+/// (see [`reference`]).
+const SUMS: usize = 16;
+/// Blocks of a span: one half block for each running sum.
+const SPAN: usize = SUMS / 2;
 
 /// Input rows from which the wide kernel runs: below, unpacking the tile
 /// and the inputs' pair terms costs more than it saves.
@@ -65,10 +68,16 @@ impl Isa {
 
     /// Input rows one kernel call takes at most (its registers' worth).
     pub fn max_rows(self) -> usize {
+        2
+    }
+
+    /// Whether a call's kernel takes twice the weight rows (its registers
+    /// hold more running sums).
+    pub fn wider(self) -> bool {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512Vnni => 4,
-            _ => 2,
+            Isa::Avx512Vnni => true,
+            _ => false,
         }
     }
 
@@ -203,37 +212,36 @@ impl Operands<'_> {
     }
 }
 
-fn combine(v: &[f32; LANES]) -> f32 {
-    ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+/// The sixteen running sums of a dot as one float: sums `l` and `l + 8`
+/// first, then the eight as [`crate::dot`] combines its lanes.
+fn combine(v: &[f32; SUMS]) -> f32 {
+    let e: [f32; 8] = std::array::from_fn(|l| v[l] + v[l + 8]);
+    ((e[0] + e[4]) + (e[2] + e[6])) + ((e[1] + e[5]) + (e[3] + e[7]))
 }
 
 /// The order, written for clarity: the definition the fast paths match.
 ///
-/// For input row `r` and weight row `j`, block by block: lane `l` of a
-/// block is the exact integer sum of the products of its elements
-/// `4l..4l + 4`; it is converted to float and fused-multiply-added, with
-/// factor `weight half-block scale * input block scale` (one rounding),
-/// into lane `l` of the even or the odd blocks' running sums. The two sums
-/// are added lane by lane, the lanes combined as [`crate::dot`] combines
-/// them, and a format's minimums added last as one [`crate::dot`] of its
-/// block minimums with the input's block sums.
+/// For input row `r` and weight row `j`, half block by half block: the
+/// exact integer sum of the half block's 16 products is converted to float
+/// and fused-multiply-added, with factor `weight half-block scale * input
+/// block scale` (one rounding), into running sum `h % 16` of half block
+/// `h`. The sixteen sums are combined by [`combine`], and a format's
+/// minimums added last as one [`crate::dot`] of its block minimums with
+/// the input's block sums.
 pub(crate) fn reference(ops: &Operands, r: usize, j: usize) -> f32 {
     let (blocks, cols) = (ops.blocks(), ops.inputs.cols);
     let x = &ops.inputs.values[(ops.r0 + r) * cols..][..cols];
+    let x_scales = &ops.inputs.scales[(ops.r0 + r) * blocks..][..blocks];
     let half_scales = &ops.weights.half_scales[(ops.j0 + j) * 2 * blocks..][..2 * blocks];
-    let mut acc = [[0f32; LANES]; 2];
-    for b in 0..blocks {
-        let x_scale = ops.inputs.scales[(ops.r0 + r) * blocks + b];
-        let w = ops.values.block(ops.j0 + j, b);
-        for (l, lane) in acc[b % 2].iter_mut().enumerate() {
-            let e = b * BLOCK + 4 * l;
-            let sum: i32 = (0..4).map(|i| x[e + i] as i32 * w[4 * l + i] as i32).sum();
-            let factor = half_scales[(b * BLOCK + 4 * l) / HALF] * x_scale;
-            *lane = factor.mul_add(sum as f32, *lane);
-        }
+    let mut sums = [0f32; SUMS];
+    for h in 0..2 * blocks {
+        let w = &ops.values.block(ops.j0 + j, h / 2)[(h % 2) * HALF..][..HALF];
+        let x = &x[h * HALF..][..HALF];
+        let product: i32 = x.iter().zip(w).map(|(&a, &b)| a as i32 * b as i32).sum();
+        let factor = half_scales[h] * x_scales[h / 2];
+        sums[h % SUMS] = factor.mul_add(product as f32, sums[h % SUMS]);
     }
-    let lanes = std::array::from_fn(|l| acc[0][l] + acc[1][l]);
-    let main = combine(&lanes);
+    let main = combine(&sums);
     if ops.layout.block_mins {
         let (x, w) = (
             &ops.inputs.block_sums[(ops.r0 + r) * blocks..][..blocks],
@@ -301,6 +309,7 @@ struct Rows<'a> {
     half_scales: &'a [f32],
     blocks: usize,
     packing: Packing,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     ahead: usize,
 }
 
@@ -328,14 +337,35 @@ impl<'a> Rows<'a> {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
+    use super::{combine, Operands, Packing, Rows, BLOCK, SUMS};
     use std::arch::x86_64::*;
 
+    /// Per 128-bit lane `k`, element `i` the sum of the four 32-bit
+    /// elements of `v[i]`'s lane `k` (exact integer adds).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub(super) fn sum_fours(v: [__m256i; 4]) -> __m256i {
+        let even = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(v[0], v[1]),
+            _mm256_unpackhi_epi32(v[0], v[1]),
+        );
+        let odd = _mm256_add_epi32(
+            _mm256_unpacklo_epi32(v[2], v[3]),
+            _mm256_unpackhi_epi32(v[2], v[3]),
+        );
+        _mm256_add_epi32(
+            _mm256_unpacklo_epi64(even, odd),
+            _mm256_unpackhi_epi64(even, odd),
+        )
+    }
+
     /// The integer and float parts of [`super::reference`] for `R x W`
-    /// dots: each loaded input block feeds `W` weight blocks and each
-    /// weight block (its magnitudes and signs taken once) `R` input blocks.
-    /// An 8-bit product pair sums to at most `2 * 127 * 127`, so the 16-bit
-    /// pair sums of `maddubs` never saturate and the lanes are exact.
+    /// dots, four blocks (eight half blocks, eight running sums) at a
+    /// time: each block's eight lanes of four products (`maddubs`, then
+    /// `madd`) are summed four by four into its two half blocks, and each
+    /// loaded input block feeds `W` weight blocks. An 8-bit product pair
+    /// sums to at most `2 * 127 * 127`, so the 16-bit pair sums of
+    /// `maddubs` never saturate and the sums are exact.
     ///
     /// # Safety
     /// AVX2 and FMA must be available.
@@ -356,64 +386,98 @@ mod avx2 {
         } = rows;
         assert_eq!(packing, Packing::Bytes, "AVX2 reads unpacked values");
         let ones = _mm256_set1_epi16(1);
+        // `sum_fours` leaves half block `2 i + k` at `4 k + i`.
+        let in_order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let doubled = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+        let lane_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         let mut acc = [[[_mm256_setzero_ps(); 2]; W]; R];
-        // Block `b` into the running sums of `parity` (a macro: the parity
-        // must be a constant for the sums to stay in registers).
-        macro_rules! step {
-            ($b:expr, $parity:expr) => {{
-                let b = $b;
-                let mut xv = [_mm256_setzero_si256(); R];
+        // Blocks `b..b + n` (`n <= 4`) into running sums `half` (0: sums
+        // 0-7, 1: sums 8-15; a macro so that it is a constant and the sums
+        // stay in registers). Missing blocks add nothing: their factors are
+        // zero and so are their sums, and `fma(0, 0, s)` is `s` (a running
+        // sum is never `-0`).
+        macro_rules! quad {
+            ($b:expr, $n:expr, $half:expr) => {{
+                let (b, n): (usize, usize) = ($b, $n);
+                // Lanes below `n` (blocks) and `2 n` (half blocks) set.
+                let block_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane_index);
+                let half_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(2 * n as i32), lane_index);
+                let mut xv = [[_mm256_setzero_si256(); 4]; R];
                 let mut x_factors = [_mm256_setzero_ps(); R];
                 for r in 0..R {
-                    // SAFETY: block `b < blocks` of input row `r < R`, checked in `Rows::new`.
-                    xv[r] = unsafe {
-                        _mm256_loadu_si256(x.add(r * cols + b * BLOCK) as *const __m256i)
+                    for k in 0..n {
+                        // SAFETY: block `b + k < blocks` of input row
+                        // `r < R`, checked in `Rows::new`.
+                        xv[r][k] = unsafe {
+                            _mm256_loadu_si256(x.add(r * cols + (b + k) * BLOCK) as *const __m256i)
+                        };
+                    }
+                    // SAFETY: the mask loads only the scales of blocks
+                    // `b..b + n`, in `x_scales`.
+                    let four = unsafe {
+                        _mm256_maskload_ps(x_scales[r * blocks + b..].as_ptr(), block_mask)
                     };
-                    x_factors[r] = _mm256_set1_ps(x_scales[r * blocks + b]);
+                    x_factors[r] = _mm256_permutevar8x32_ps(four, doubled);
                 }
                 for j in 0..W {
-                    // SAFETY: block `b` of weight row `j < W`, checked in `Rows::new`.
-                    let wv = unsafe {
-                        _mm256_loadu_si256(
-                            w.add(j * row_stride + b * block_stride) as *const __m256i
+                    // SAFETY: the mask loads only the half scales of blocks
+                    // `b..b + n` of weight row `j`.
+                    let w_factors = unsafe {
+                        _mm256_maskload_ps(
+                            half_scales[j * 2 * blocks + 2 * b..].as_ptr(),
+                            half_mask,
                         )
                     };
-                    let magnitudes = _mm256_sign_epi8(wv, wv);
-                    let h = &half_scales[j * 2 * blocks + 2 * b..][..2];
-                    let w_factors = _mm256_set_m128(_mm_set1_ps(h[1]), _mm_set1_ps(h[0]));
+                    let mut wv = [_mm256_setzero_si256(); 4];
+                    for k in 0..n {
+                        // SAFETY: block `b + k` of weight row `j < W`,
+                        // checked in `Rows::new`.
+                        wv[k] = unsafe {
+                            _mm256_loadu_si256(
+                                w.add(j * row_stride + (b + k) * block_stride) as *const __m256i
+                            )
+                        };
+                    }
                     for r in 0..R {
-                        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xv[r], wv));
-                        let lanes = _mm256_madd_epi16(pairs, ones);
+                        let mut lanes = [_mm256_setzero_si256(); 4];
+                        for k in 0..4 {
+                            let magnitudes = _mm256_sign_epi8(wv[k], wv[k]);
+                            let pairs =
+                                _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(xv[r][k], wv[k]));
+                            lanes[k] = _mm256_madd_epi16(pairs, ones);
+                        }
+                        let sums = _mm256_permutevar8x32_epi32(sum_fours(lanes), in_order);
                         let factors = _mm256_mul_ps(w_factors, x_factors[r]);
-                        let sums = &mut acc[r][j][$parity];
-                        *sums = _mm256_fmadd_ps(factors, _mm256_cvtepi32_ps(lanes), *sums);
+                        let running = &mut acc[r][j][$half];
+                        *running = _mm256_fmadd_ps(factors, _mm256_cvtepi32_ps(sums), *running);
                     }
                 }
             }};
         }
         let mut b = 0;
-        while b + 2 <= blocks {
-            step!(b, 0);
-            step!(b + 1, 1);
-            b += 2;
+        while b + 2 * 4 <= blocks {
+            quad!(b, 4, 0);
+            quad!(b + 4, 4, 1);
+            b += 8;
         }
         if b < blocks {
-            step!(b, 0);
+            quad!(b, (blocks - b).min(4), 0);
+        }
+        if b + 4 < blocks {
+            quad!(b + 4, blocks - b - 4, 1);
         }
         // Loops, not `array::from_fn`: its closure would be compiled without
         // this function's instruction sets and call them out of line.
         let mut out = [[0f32; W]; R];
         for r in 0..R {
             for j in 0..W {
-                let mut lanes = [0f32; LANES];
-                // SAFETY: `lanes` holds eight floats.
+                let mut sums = [0f32; SUMS];
+                // SAFETY: `sums` holds sixteen floats.
                 unsafe {
-                    _mm256_storeu_ps(
-                        lanes.as_mut_ptr(),
-                        _mm256_add_ps(acc[r][j][0], acc[r][j][1]),
-                    )
-                };
-                out[r][j] = combine(&lanes);
+                    _mm256_storeu_ps(sums.as_mut_ptr(), acc[r][j][0]);
+                    _mm256_storeu_ps(sums.as_mut_ptr().add(8), acc[r][j][1]);
+                }
+                out[r][j] = combine(&sums);
             }
         }
         out
@@ -422,9 +486,9 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::super::wide::{InputPair, WeightPair, ROWS};
+    use super::super::wide::{InputSpan, WeightSpan, ROWS};
     use super::super::TILE;
-    use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
+    use super::{Operands, Packing, Rows, BLOCK, SPAN};
     use std::arch::x86_64::*;
     use std::ptr::addr_of;
 
@@ -436,15 +500,16 @@ mod avx512 {
     pub const K_NIBBLES: u8 = 3;
     pub const SIX_BITS: u8 = 4;
 
-    /// [`super::avx2::main`] two blocks at a time: the low eight lanes of a
-    /// register hold the even block's sums and the high eight the odd
-    /// block's, so the even and odd running sums are those of AVX2. VNNI's
-    /// `dpbusd` sums four unsigned-by-signed 8-bit products per lane
-    /// exactly, so the weights enter as unsigned values (the signed ones
-    /// plus the packing's offset) and each lane starts from `-offset *` its
-    /// four inputs' sum. Packed values are decoded in registers, straight
-    /// from the GGUF bytes; the lanes' integer sums, and so the bits, are
-    /// those of the unpacked values.
+    /// The integer and float parts of [`super::reference`] for `R x W`
+    /// dots, a span of eight blocks at a time: one register holds the
+    /// running sums of a dot. VNNI's `dpbusd` sums four unsigned-by-signed
+    /// 8-bit products per lane exactly, so the weights enter as unsigned
+    /// values (the signed ones plus the packing's offset) and each half
+    /// block starts from `-offset *` its inputs' sum; a block pair's
+    /// sixteen lanes of four are summed four by four into its four half
+    /// blocks, four pairs' worth at once, and put in order. Packed values
+    /// are decoded in registers, straight from the GGUF bytes; the integer
+    /// sums, and so the bits, are those of the unpacked values.
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI must be available, and `MODE` must match the
@@ -494,21 +559,6 @@ mod avx512 {
         let (high_shifts_01, high_shifts_23) = (split(0, 2), split(4, 6));
         // 128-bit lanes `[a, a, b, b]` from `[a, b, .., ..]`.
         let doubled = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
-        // Lane `l` takes element `l / 8` (input scales) or `l / 4` (weight
-        // half scales) of the first 128 bits.
-        let by_eight = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let by_four = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-        // The floats `v[at..at + n]` (`n <= 4`, zeros after), spread by
-        // `index` (a macro, not a closure, so it inlines with AVX-512).
-        macro_rules! spread {
-            ($v:expr, $at:expr, $n:expr, $index:expr) => {{
-                let (v, at, n): (&[f32], usize, usize) = ($v, $at, $n);
-                assert!(at + n <= v.len());
-                // SAFETY: the mask loads only `v[at..at + n]`, in bounds.
-                let four = unsafe { _mm512_maskz_loadu_ps((1u16 << n) - 1, v.as_ptr().add(at)) };
-                _mm512_permutexvar_ps($index, four)
-            }};
-        }
         // The unsigned values of blocks `b` and, where `pair`, `b + 1` of
         // weight row `j`: 32 bytes each (zeros for a missing odd block).
         macro_rules! unsigned_values {
@@ -611,124 +661,186 @@ mod avx512 {
         // Where block `b` of a row starts in its bytes, in 16.16 fixed
         // point: the place of the next tile's bytes to ask for.
         let block_bytes = (row_stride << 16) / blocks;
+        // `sum_fours` leaves half block `4 c + k` of a span at `4 k + c`.
+        let in_order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        // Each block's scale for both its half blocks.
+        let each_twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
         let mut acc = [[_mm512_setzero_ps(); W]; R];
-        // Blocks `b` and, where `pair`, `b + 1`; a lone last block leaves
-        // the odd lanes' sums as they are.
-        macro_rules! step {
-            ($b:expr, $pair:expr) => {{
-                let b = $b;
-                let (bytes, lanes_used, n): (u64, u16, usize) = if $pair {
-                    (!0, !0, 2)
-                } else {
-                    (!0 >> 32, 0xFF, 1)
-                };
-                let mut xv = [zero; R];
+        // The span of blocks from `b`: `n` blocks (eight, but for a row's
+        // last span), as `pairs` pairs and, where `lone`, a last lone block.
+        macro_rules! span {
+            ($b:expr, $n:expr, $pairs:expr, $lone:expr) => {{
+                let (b, n, pairs): (usize, usize, usize) = ($b, $n, $pairs);
+                let half_lanes: u16 = if n == SPAN { !0 } else { (1u16 << (2 * n)) - 1 };
+                let block_lanes: u8 = if n == SPAN { !0 } else { (1u8 << n) - 1 };
+                let mut xv = [[zero; 4]; R];
                 let mut starts = [zero; R];
                 let mut x_factors = [_mm512_setzero_ps(); R];
                 for r in 0..R {
-                    // SAFETY: the masked bytes lie in blocks `b..b + n` of
-                    // input row `r`, checked in `Rows::new`.
-                    xv[r] = unsafe { _mm512_maskz_loadu_epi8(bytes, x.add(r * cols + b * BLOCK)) };
-                    starts[r] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, offset, xv[r]));
-                    x_factors[r] = spread!(&x_scales[r * blocks..], b, n, by_eight);
+                    let mut start_lanes = [zero; 4];
+                    for c in 0..pairs + $lone as usize {
+                        let bytes: u64 = if $lone && c == pairs { !0 >> 32 } else { !0 };
+                        // SAFETY: the masked bytes lie in blocks `b..b + n`
+                        // of input row `r`, checked in `Rows::new`.
+                        xv[r][c] = unsafe {
+                            _mm512_maskz_loadu_epi8(bytes, x.add(r * cols + (b + 2 * c) * BLOCK))
+                        };
+                        start_lanes[c] = _mm512_dpbusd_epi32(zero, offset, xv[r][c]);
+                    }
+                    starts[r] = _mm512_sub_epi32(zero, sum_fours(start_lanes));
+                    // SAFETY: the mask loads only the scales of blocks
+                    // `b..b + n`, in `x_scales`.
+                    let scales = unsafe {
+                        _mm512_maskz_loadu_ps(
+                            block_lanes as u16,
+                            x_scales[r * blocks + b..].as_ptr(),
+                        )
+                    };
+                    x_factors[r] = _mm512_permutexvar_ps(each_twice, scales);
                 }
                 for j in 0..W {
-                    if ahead != 0 {
-                        let at = j * row_stride + ((b * block_bytes) >> 16) + ahead;
-                        // A prefetch reads nothing, so any address will do:
-                        // this one is the next tile's, or past the matrix's
-                        // end where that tile is narrower.
-                        _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(at));
+                    // SAFETY: the mask loads only the half scales of blocks
+                    // `b..b + n` of weight row `j`.
+                    let w_factors = unsafe {
+                        _mm512_maskz_loadu_ps(
+                            half_lanes,
+                            half_scales[j * 2 * blocks + 2 * b..].as_ptr(),
+                        )
+                    };
+                    let mut lanes = [[zero; 4]; R];
+                    for c in 0..pairs + $lone as usize {
+                        if ahead != 0 {
+                            let at = j * row_stride + (((b + 2 * c) * block_bytes) >> 16) + ahead;
+                            // A prefetch reads nothing, so any address will
+                            // do: this one is the next tile's, or past the
+                            // matrix's end where that tile is narrower.
+                            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(at));
+                        }
+                        let unsigned = unsigned_values!(j, b + 2 * c, !($lone && c == pairs));
+                        for r in 0..R {
+                            lanes[r][c] = _mm512_dpbusd_epi32(zero, unsigned, xv[r][c]);
+                        }
                     }
-                    let unsigned = unsigned_values!(j, b, $pair);
-                    let w_factors = spread!(&half_scales[j * 2 * blocks..], 2 * b, 2 * n, by_four);
                     for r in 0..R {
-                        let lanes = _mm512_dpbusd_epi32(starts[r], unsigned, xv[r]);
+                        let sums = _mm512_add_epi32(sum_fours(lanes[r]), starts[r]);
+                        let sums = _mm512_cvtepi32_ps(_mm512_permutexvar_epi32(in_order, sums));
                         let factors = _mm512_mul_ps(w_factors, x_factors[r]);
-                        acc[r][j] = _mm512_mask3_fmadd_ps(
-                            factors,
-                            _mm512_cvtepi32_ps(lanes),
-                            acc[r][j],
-                            lanes_used,
-                        );
+                        acc[r][j] = _mm512_mask3_fmadd_ps(factors, sums, acc[r][j], half_lanes);
                     }
                 }
             }};
         }
         let mut b = 0;
-        while b + 2 <= blocks {
-            step!(b, true);
-            b += 2;
+        while b + SPAN <= blocks {
+            span!(b, SPAN, 4, false);
+            b += SPAN;
         }
         if b < blocks {
-            step!(b, false);
+            let n = blocks - b;
+            if n % 2 == 1 {
+                span!(b, n, n / 2, true);
+            } else {
+                span!(b, n, n / 2, false);
+            }
         }
         finish(&acc)
     }
 
+    /// Per 128-bit lane `k`, element `i` the sum of the four 32-bit
+    /// elements of `v[i]`'s lane `k` (exact integer adds).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn sum_fours(v: [__m512i; 4]) -> __m512i {
+        let even = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(v[0], v[1]),
+            _mm512_unpackhi_epi32(v[0], v[1]),
+        );
+        let odd = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(v[2], v[3]),
+            _mm512_unpackhi_epi32(v[2], v[3]),
+        );
+        _mm512_add_epi32(
+            _mm512_unpacklo_epi64(even, odd),
+            _mm512_unpackhi_epi64(even, odd),
+        )
+    }
+
     /// [`main`] for up to [`ROWS`] input rows of one group and `W` weight
-    /// rows, on records (see [`super::super::wide`]): every term a lane
-    /// needs is read in order from the two streams of records, so registers
-    /// hold only the `R x W` running sums, the group's inputs and one weight
-    /// row's terms. Same lanes, same order, same bits as [`main`].
+    /// rows, on records (see [`super::super::wide`]) whose lane `l` holds
+    /// half block `l` of a span, so that four `dpbusd` give its sixteen
+    /// sums at once: every term a lane needs is read in order from the two
+    /// streams of records, and registers hold only the `R x W` running
+    /// sums, the group's inputs and one weight row's terms. Same sums, same
+    /// order, same bits as [`main`].
     ///
     /// # Safety
     /// AVX-512 F/BW/VNNI must be available.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
     pub(super) unsafe fn wide<const R: usize, const W: usize>(
-        inputs: &[InputPair],
-        weights: &[WeightPair],
+        inputs: &[InputSpan],
+        weights: &[WeightSpan],
         blocks: usize,
     ) -> [[f32; W]; R] {
-        let pairs = blocks.div_ceil(2);
-        assert!(pairs > 0 && R <= ROWS && W <= TILE);
-        assert!(inputs.len() >= pairs * ROWS && weights.len() >= (pairs - 1) * TILE + W);
+        let spans = blocks.div_ceil(SPAN);
+        assert!(spans > 0 && R <= ROWS && W <= TILE);
+        assert!(inputs.len() >= spans * ROWS && weights.len() >= (spans - 1) * TILE + W);
         let (x, w) = (inputs.as_ptr(), weights.as_ptr());
         let mut acc = [[_mm512_setzero_ps(); W]; R];
-        // Pair `p` into the lanes `used` (the even block's alone after a
-        // lone last block, which leaves the odd running sums as they are).
+        // Span `s` into the running sums `used` (those of its half blocks).
         macro_rules! step {
-            ($p:expr, $used:expr) => {{
-                let p = $p;
-                let mut xv = [_mm512_setzero_si512(); R];
+            ($s:expr, $used:expr) => {{
+                let s = $s;
+                let mut xv = [[_mm512_setzero_si512(); 4]; R];
                 let mut x_scales = [_mm512_setzero_ps(); R];
                 for r in 0..R {
-                    // SAFETY: record `(p, r)` of the group, in bounds
+                    // SAFETY: record `(s, r)` of the group, in bounds
                     // (asserted above); records are 64-byte aligned.
                     unsafe {
-                        let at = x.add(p * ROWS + r);
-                        xv[r] = _mm512_load_si512(addr_of!((*at).values) as *const _);
+                        let at = x.add(s * ROWS + r);
+                        for c in 0..4 {
+                            xv[r][c] = _mm512_load_si512(addr_of!((*at).values[c]) as *const _);
+                        }
                         x_scales[r] = _mm512_load_ps(addr_of!((*at).scales) as *const f32);
                     }
                 }
                 for j in 0..W {
-                    // SAFETY: record `(p, j)` of the weights, as above.
-                    let (signed, start, w_scales) = unsafe {
-                        let at = w.add(p * TILE + j);
+                    // SAFETY: record `(s, j)` of the weights, as above.
+                    let at = unsafe { w.add(s * TILE + j) };
+                    // SAFETY: as above.
+                    let (start, w_scales) = unsafe {
                         (
-                            _mm512_load_si512(addr_of!((*at).values) as *const _),
                             _mm512_load_si512(addr_of!((*at).starts) as *const _),
                             _mm512_load_ps(addr_of!((*at).scales) as *const f32),
                         )
                     };
                     for r in 0..R {
-                        let lanes = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, xv[r], signed));
+                        let mut sums = start;
+                        for c in 0..4 {
+                            // SAFETY: as above.
+                            let signed =
+                                unsafe { _mm512_load_si512(addr_of!((*at).values[c]) as *const _) };
+                            sums = _mm512_dpbusd_epi32(sums, xv[r][c], signed);
+                        }
                         let factors = _mm512_mul_ps(w_scales, x_scales[r]);
-                        acc[r][j] = _mm512_mask3_fmadd_ps(factors, lanes, acc[r][j], $used);
+                        let sums = _mm512_cvtepi32_ps(sums);
+                        acc[r][j] = _mm512_mask3_fmadd_ps(factors, sums, acc[r][j], $used);
                     }
                 }
             }};
         }
-        for p in 0..blocks / 2 {
-            step!(p, 0xFFFF);
+        for s in 0..blocks / SPAN {
+            step!(s, 0xFFFF);
         }
-        if blocks % 2 == 1 {
-            step!(blocks / 2, 0x00FF);
+        let rest = blocks % SPAN;
+        if rest != 0 {
+            step!(blocks / SPAN, (1u16 << (2 * rest)) - 1);
         }
         finish(&acc)
     }
 
-    /// Each running sum's even and odd lanes added and combined.
+    /// Each dot's sixteen running sums combined as [`super::combine`]
+    /// does, in registers: the halves added (sums `l` and `l + 8`), then
+    /// quarters (`e[l] + e[l + 4]`), then pairs and the last two.
     #[target_feature(enable = "avx512f,avx2")]
     fn finish<const R: usize, const W: usize>(acc: &[[__m512; W]; R]) -> [[f32; W]; R] {
         // Loops, not `array::from_fn`: its closure would be compiled without
@@ -736,13 +848,19 @@ mod avx512 {
         let mut out = [[0f32; W]; R];
         for r in 0..R {
             for j in 0..W {
-                let even = _mm512_castps512_ps256(acc[r][j]);
-                let odd =
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[r][j])));
-                let mut lanes = [0f32; LANES];
-                // SAFETY: `lanes` holds eight floats.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(even, odd)) };
-                out[r][j] = combine(&lanes);
+                let sums = acc[r][j];
+                let low = _mm512_castps512_ps256(sums);
+                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)));
+                let eight = _mm256_add_ps(low, high);
+                // `[e0 + e4, e1 + e5, e2 + e6, e3 + e7]`.
+                let four = _mm_add_ps(
+                    _mm256_castps256_ps128(eight),
+                    _mm256_extractf128_ps::<1>(eight),
+                );
+                // `[(e0 + e4) + (e2 + e6), (e1 + e5) + (e3 + e7), ..]`.
+                let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+                let one = _mm_add_ss(two, _mm_movehdup_ps(two));
+                out[r][j] = _mm_cvtss_f32(one);
             }
         }
         out
@@ -751,7 +869,7 @@ mod avx512 {
 
 #[cfg(target_arch = "aarch64")]
 mod neon {
-    use super::{combine, Operands, Packing, Rows, BLOCK, LANES};
+    use super::{combine, Operands, Packing, Rows, BLOCK, SPAN, SUMS};
     use std::arch::aarch64::*;
 
     /// `acc` plus, per lane, the exact sum of the four products of that
@@ -776,9 +894,9 @@ mod neon {
     }
 
     /// The integer and float parts of [`super::reference`] for `R x W`
-    /// dots: a block's eight lanes are two SDOTs (lanes 0-3 are the first
-    /// half block, 4-7 the second), converted and fused-multiply-added into
-    /// the even or odd blocks' running sums.
+    /// dots, two blocks (four half blocks, four running sums) at a time:
+    /// one SDOT a half block gives four lanes, which two pairwise adds
+    /// (exact) fold into the four half blocks' sums, in order.
     ///
     /// # Safety
     /// NEON and the dot-product extension must be available.
@@ -799,62 +917,95 @@ mod neon {
         } = rows;
         assert_eq!(packing, Packing::Bytes, "NEON reads unpacked values");
         let zero = vdupq_n_s32(0);
-        // `[parity][half]` running sums of each (input row, weight row).
-        let mut acc = [[[[vdupq_n_f32(0.0); 2]; 2]; W]; R];
-        // Block `b` into the sums of `parity` (a macro: a constant parity
-        // keeps the sums in registers).
+        // Running sums `4 q..4 q + 4` of each (input row, weight row).
+        let mut acc = [[[vdupq_n_f32(0.0); 4]; W]; R];
+        // Blocks `b` and, where `pair`, `b + 1` into sums `quarter` (a
+        // macro: a constant quarter keeps the sums in registers). A missing
+        // odd block adds nothing: its factors and sums are zero, and
+        // `fma(0, 0, s)` is `s` (a running sum is never `-0`).
         macro_rules! step {
-            ($b:expr, $parity:expr) => {{
+            ($b:expr, $pair:expr, $quarter:expr) => {{
                 let b = $b;
-                let mut xv = [[vdupq_n_s8(0); 2]; R];
-                for (r, halves) in xv.iter_mut().enumerate() {
-                    // SAFETY: block `b < blocks` of input row `r < R`,
-                    // checked in `Rows::new`.
-                    *halves = unsafe {
-                        let at = x.add(r * cols + b * BLOCK);
-                        [vld1q_s8(at), vld1q_s8(at.add(16))]
+                let n = 1 + $pair as usize;
+                let mut xv = [[vdupq_n_s8(0); 4]; R];
+                let mut x_factors = [vdupq_n_f32(0.0); R];
+                for r in 0..R {
+                    for h in 0..2 * n {
+                        // SAFETY: half `h` of blocks `b..b + n` of input
+                        // row `r < R`, checked in `Rows::new`.
+                        xv[r][h] = unsafe { vld1q_s8(x.add(r * cols + b * BLOCK + h * 16)) };
+                    }
+                    let even = x_scales[r * blocks + b];
+                    let odd = if $pair {
+                        x_scales[r * blocks + b + 1]
+                    } else {
+                        0.0
                     };
+                    x_factors[r] = vcombine_f32(vdup_n_f32(even), vdup_n_f32(odd));
                 }
                 for j in 0..W {
-                    // SAFETY: block `b` of weight row `j < W`, checked in
-                    // `Rows::new`.
-                    let wv = unsafe {
-                        let at = w.add(j * row_stride + b * block_stride);
-                        [vld1q_s8(at), vld1q_s8(at.add(16))]
-                    };
-                    let h = &half_scales[j * 2 * blocks + 2 * b..][..2];
+                    let mut wv = [vdupq_n_s8(0); 4];
+                    for h in 0..2 * n {
+                        let (block, half) = (b + h / 2, h % 2);
+                        // SAFETY: half `half` of block `block` of weight row
+                        // `j < W`, checked in `Rows::new`.
+                        wv[h] = unsafe {
+                            vld1q_s8(w.add(j * row_stride + block * block_stride + half * 16))
+                        };
+                    }
+                    let h = &half_scales[j * 2 * blocks + 2 * b..][..2 * n];
+                    let mut w_scales = [0f32; 4];
+                    w_scales[..2 * n].copy_from_slice(h);
+                    // SAFETY: `w_scales` holds four floats.
+                    let w_factors = unsafe { vld1q_f32(w_scales.as_ptr()) };
                     for r in 0..R {
-                        let x_scale = x_scales[r * blocks + b];
-                        for half in 0..2 {
-                            let lanes = dot(zero, wv[half], xv[r][half]);
-                            let factor = vdupq_n_f32(h[half] * x_scale);
-                            let sums = &mut acc[r][j][$parity][half];
-                            *sums = vfmaq_f32(*sums, factor, vcvtq_f32_s32(lanes));
-                        }
+                        let lanes: [int32x4_t; 4] =
+                            std::array::from_fn(|h| dot(zero, wv[h], xv[r][h]));
+                        let sums = vpaddq_s32(
+                            vpaddq_s32(lanes[0], lanes[1]),
+                            vpaddq_s32(lanes[2], lanes[3]),
+                        );
+                        let factors = vmulq_f32(w_factors, x_factors[r]);
+                        let running = &mut acc[r][j][$quarter];
+                        *running = vfmaq_f32(*running, factors, vcvtq_f32_s32(sums));
                     }
                 }
             }};
         }
         let mut b = 0;
-        while b + 2 <= blocks {
-            step!(b, 0);
-            step!(b + 1, 1);
+        while b + SPAN <= blocks {
+            step!(b, true, 0);
+            step!(b + 2, true, 1);
+            step!(b + 4, true, 2);
+            step!(b + 6, true, 3);
+            b += SPAN;
+        }
+        // The last span's blocks, their quarter read at run time.
+        while b < blocks {
+            let pair = b + 1 < blocks;
+            match ((b % SPAN) / 2, pair) {
+                (0, true) => step!(b, true, 0),
+                (1, true) => step!(b, true, 1),
+                (2, true) => step!(b, true, 2),
+                (3, true) => step!(b, true, 3),
+                (0, false) => step!(b, false, 0),
+                (1, false) => step!(b, false, 1),
+                (2, false) => step!(b, false, 2),
+                _ => step!(b, false, 3),
+            }
             b += 2;
         }
-        if b < blocks {
-            step!(b, 0);
-        }
-        std::array::from_fn(|r| {
-            std::array::from_fn(|j| {
-                let [even, odd] = acc[r][j];
-                let mut lanes = [0f32; LANES];
-                // SAFETY: `lanes` holds eight floats.
-                unsafe {
-                    vst1q_f32(lanes.as_mut_ptr(), vaddq_f32(even[0], odd[0]));
-                    vst1q_f32(lanes.as_mut_ptr().add(4), vaddq_f32(even[1], odd[1]));
+        let mut out = [[0f32; W]; R];
+        for r in 0..R {
+            for j in 0..W {
+                let mut sums = [0f32; SUMS];
+                for (q, quarter) in acc[r][j].iter().enumerate() {
+                    // SAFETY: `sums` holds sixteen floats.
+                    unsafe { vst1q_f32(sums.as_mut_ptr().add(4 * q), *quarter) };
                 }
-                combine(&lanes)
-            })
-        })
+                out[r][j] = combine(&sums);
+            }
+        }
+        out
     }
 }

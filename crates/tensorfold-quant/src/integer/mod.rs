@@ -3,9 +3,10 @@
 //!
 //! Each input row is quantized on its own to 8 bits per element with one
 //! scale per block of 32 ([`activations`]); weight rows are unpacked to
-//! 8-bit integers with their block scales ([`unpack`]); a block's products
-//! are summed exactly in integers, and the blocks' float terms are folded
-//! in an order fixed by the row length alone ([`kernel::reference`]). An
+//! 8-bit integers with their block scales ([`unpack`]); a half block's 16
+//! products are summed exactly in integers, and the half blocks' float
+//! terms are folded in an order fixed by the row length alone
+//! ([`kernel::reference`]). An
 //! output element therefore has the same bits whatever else is in the call,
 //! on every instruction set, and a verify window of several rows shares
 //! each unpacked weight block.
@@ -223,13 +224,12 @@ unsafe fn tile(
             // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
             // caller's.
             unsafe {
-                match (height, most) {
-                    (4, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
-                    (3, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
-                    (2, 2) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
-                    (2, _) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
-                    (_, 2) => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
-                    _ => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
+                match (height, isa.wider(), wide.is_some()) {
+                    (2, _, true) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
+                    (2, true, false) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
+                    (2, false, _) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),
+                    (_, true, _) => tile_rows::<1, 8>(isa, ops, width, out, rows, j0),
+                    _ => tile_rows::<1, 4>(isa, ops, width, out, rows, j0),
                 }
             }
             i += height;

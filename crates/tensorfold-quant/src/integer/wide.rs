@@ -2,81 +2,98 @@
 //! chunk, a long verify window) against a tile of weight rows, on AVX-512
 //! VNNI.
 //!
-//! The kernel computes the same lanes in the same order as every other
-//! path ([`super::kernel::reference`]), so it gives the same bits. What
-//! differs is where its terms come from: the inputs are read as unsigned
-//! (`value + 128`), so each weight lane carries the start that undoes the
-//! offset (`-128 *` the sum of its four weights); that start and the
-//! half-block scales spread over the lanes are worked out once a call and
-//! stored beside the values, two blocks to a record, in the order the
-//! kernel reads them. The kernel then reads one stream of inputs and one of
-//! weights, with the signed weights straight from memory, and keeps the
-//! running sums and the group's inputs in registers.
+//! The kernel computes the same sums in the same order as every other path
+//! ([`super::kernel::reference`]), so it gives the same bits. What differs
+//! is where its terms come from: a span of eight blocks is laid out so that
+//! lane `l` of each of four registers holds four values of half block `l`,
+//! and four `dpbusd` give all sixteen half blocks' sums at once, with no
+//! shuffles. The inputs are read as unsigned (`value + 128`), so each
+//! weight lane carries the start that undoes the offset (`-128 *` the sum
+//! of its half block's weights); that start and the scales are worked out
+//! once a call and stored beside the values, in the order the kernel reads
+//! them. The kernel then reads one stream of inputs and one of weights,
+//! with the signed weights straight from memory.
 
 use super::activations::QuantizedRows;
 use super::kernel::Values;
 use super::unpack::Packing;
-use super::{BLOCK, TILE};
+use super::{BLOCK, HALF, TILE};
 
 /// Input rows one kernel call takes: a group of records.
-pub(crate) const ROWS: usize = 4;
-/// Lanes of a block pair: eight a block, four values a lane.
+pub(crate) const ROWS: usize = 2;
+/// Lanes of a span: one a half block.
 pub(crate) const LANES: usize = 16;
+/// Blocks of a span.
+const SPAN: usize = LANES / 2;
+/// Values of one lane in one register (`dpbusd` sums four products).
+const FOUR: usize = 4;
 
-/// One input row's pair of blocks; after a row's lone last block the odd
-/// half is zero.
+/// One input row's span of blocks; lanes past a row's end are zero.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-pub(crate) struct InputPair {
-    /// The values plus 128.
-    pub values: [u8; 2 * BLOCK],
+pub(crate) struct InputSpan {
+    /// The values plus 128: in part `c`, lane `l` holds values
+    /// `16 l + 4 c..16 l + 4 c + 4` of the span.
+    pub values: [[u8; 4 * LANES]; 4],
     /// Each lane's block scale.
     pub scales: [f32; LANES],
 }
 
-/// One weight row's pair of blocks.
+/// One weight row's span of blocks, laid out as [`InputSpan`].
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-pub(crate) struct WeightPair {
-    pub values: [i8; 2 * BLOCK],
+pub(crate) struct WeightSpan {
+    /// The signed values' bytes.
+    pub values: [[u8; 4 * LANES]; 4],
     /// Where each lane of a product with unsigned inputs starts: `-128 *`
-    /// the sum of its four values.
+    /// the sum of its half block's values.
     pub starts: [i32; LANES],
     /// Each lane's half-block scale.
     pub scales: [f32; LANES],
 }
 
-const EMPTY_INPUT: InputPair = InputPair {
-    values: [0; 2 * BLOCK],
+const EMPTY_INPUT: InputSpan = InputSpan {
+    values: [[0; 4 * LANES]; 4],
     scales: [0.0; LANES],
 };
 
-const EMPTY_WEIGHT: WeightPair = WeightPair {
-    values: [0; 2 * BLOCK],
+const EMPTY_WEIGHT: WeightSpan = WeightSpan {
+    values: [[0; 4 * LANES]; 4],
     starts: [0; LANES],
     scales: [0.0; LANES],
 };
 
-/// The input rows of a call as records: group `g` (rows `ROWS g..`), pair
-/// `p`, row `r` of the group at `(g * pairs + p) * ROWS + r`.
+/// The input rows of a call as records: group `g` (rows `ROWS g..`), span
+/// `s`, row `r` of the group at `(g * spans + s) * ROWS + r`.
 pub(crate) struct Inputs {
     pub blocks: usize,
-    records: Vec<InputPair>,
+    records: Vec<InputSpan>,
 }
 
 impl Inputs {
     pub fn new(rows: &QuantizedRows, m: usize) -> Inputs {
         let blocks = rows.blocks_per_row();
-        let pairs = blocks.div_ceil(2);
-        let mut records = vec![EMPTY_INPUT; m.div_ceil(ROWS) * pairs * ROWS];
+        let spans = blocks.div_ceil(SPAN);
+        let mut records = vec![EMPTY_INPUT; m.div_ceil(ROWS) * spans * ROWS];
         for row in 0..m {
-            let group = (row / ROWS) * pairs * ROWS;
-            for b in 0..blocks {
-                let record = &mut records[group + (b / 2) * ROWS + row % ROWS];
-                let half = b % 2;
-                let values = &rows.values[(row * blocks + b) * BLOCK..][..BLOCK];
-                offset_bytes(values, &mut record.values[half * BLOCK..][..BLOCK]);
-                record.scales[half * 8..][..8].fill(rows.scales[row * blocks + b]);
+            let group = (row / ROWS) * spans * ROWS;
+            let values = &rows.values[row * blocks * BLOCK..][..blocks * BLOCK];
+            let scales = &rows.scales[row * blocks..][..blocks];
+            for (span, (values, scales)) in values
+                .chunks(SPAN * BLOCK)
+                .zip(scales.chunks(SPAN))
+                .enumerate()
+            {
+                let record = &mut records[group + span * ROWS + row % ROWS];
+                // `v + 128` is `v ^ 0x80` for a byte.
+                lay_out(values, 0x80, &mut record.values);
+                for (lane, scale) in record
+                    .scales
+                    .iter_mut()
+                    .zip(scales.iter().flat_map(|s| [s, s]))
+                {
+                    *lane = *scale;
+                }
             }
         }
         Inputs { blocks, records }
@@ -85,18 +102,18 @@ impl Inputs {
     /// The records of the group that starts at input row `r0` (a multiple
     /// of [`ROWS`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn group(&self, r0: usize) -> &[InputPair] {
+    pub fn group(&self, r0: usize) -> &[InputSpan] {
         assert!(r0.is_multiple_of(ROWS));
-        let size = self.blocks.div_ceil(2) * ROWS;
+        let size = self.blocks.div_ceil(SPAN) * ROWS;
         &self.records[(r0 / ROWS) * size..][..size]
     }
 }
 
-/// A tile's weight rows as records: pair `p`, row `j` at `p * TILE + j`.
+/// A tile's weight rows as records: span `s`, row `j` at `s * TILE + j`.
 #[derive(Default)]
 pub(crate) struct Weights {
     blocks: usize,
-    records: Vec<WeightPair>,
+    records: Vec<WeightSpan>,
     /// The block minimums, block after block, the tile's rows side by side
     /// (empty for formats without them).
     mins: Vec<[f32; TILE]>,
@@ -107,26 +124,31 @@ pub(crate) struct Weights {
 
 impl Weights {
     /// Lays out `width` rows of `values` (bytes) with their half-block
-    /// scales (`2 * blocks` a row). Records past `width`, and the odd half
-    /// after a lone last block, keep what they held: the kernel never reads
+    /// scales (`2 * blocks` a row). Records past `width`, and the lanes
+    /// past a row's last block, keep what they held: the kernel never reads
     /// those rows, and masks those lanes.
     pub fn fill(&mut self, values: &Values, half_scales: &[f32], width: usize, blocks: usize) {
         assert_eq!(values.packing, Packing::Bytes);
         assert!(width <= TILE);
         self.blocks = blocks;
-        self.records.resize(blocks.div_ceil(2) * TILE, EMPTY_WEIGHT);
+        self.records
+            .resize(blocks.div_ceil(SPAN) * TILE, EMPTY_WEIGHT);
+        let mut span_values = [0i8; SPAN * BLOCK];
         for j in 0..width {
             let scales = &half_scales[j * 2 * blocks..][..2 * blocks];
-            for b in 0..blocks {
-                let record = &mut self.records[(b / 2) * TILE + j];
-                let half = b % 2;
-                let block: &[i8; BLOCK] = values.block(j, b).try_into().expect("a block");
-                record.values[half * BLOCK..][..BLOCK].copy_from_slice(block);
-                record.starts[half * 8..][..8].copy_from_slice(&starts(block));
-                // Lanes of four values: four lanes a half block.
-                let lanes = &mut record.scales[half * 8..][..8];
-                lanes[..4].fill(scales[2 * b]);
-                lanes[4..].fill(scales[2 * b + 1]);
+            for (span, scales) in scales.chunks(2 * SPAN).enumerate() {
+                let record = &mut self.records[span * TILE + j];
+                let first = span * SPAN;
+                let count = SPAN.min(blocks - first);
+                for (b, block) in span_values.chunks_exact_mut(BLOCK).take(count).enumerate() {
+                    block.copy_from_slice(values.block(j, first + b));
+                }
+                let span_values = &span_values[..count * BLOCK];
+                lay_out(span_values, 0, &mut record.values);
+                for (lane, half) in span_values.chunks_exact(HALF).enumerate() {
+                    record.starts[lane] = -128 * half.iter().map(|&v| v as i32).sum::<i32>();
+                }
+                record.scales[..scales.len()].copy_from_slice(scales);
             }
         }
     }
@@ -148,37 +170,63 @@ impl Weights {
 
     /// The records from weight row `j0` of the tile on.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub fn rows_from(&self, j0: usize) -> &[WeightPair] {
+    pub fn rows_from(&self, j0: usize) -> &[WeightSpan] {
         &self.records[j0..]
     }
 }
 
-/// `-128 *` the sum of each four values of a block.
-fn starts(block: &[i8; BLOCK]) -> [i32; 8] {
-    #[cfg(tensorfold_simd)]
-    // SAFETY: AVX2 is enabled at build time (`tensorfold_simd`); the load
-    // reads the block's 32 bytes, the store writes the eight lanes of `out`.
-    unsafe {
-        use std::arch::x86_64::*;
-        let values = _mm256_loadu_si256(block.as_ptr() as *const __m256i);
-        // Pairs of values (at most 2 * 127 in magnitude), then pairs of
-        // pairs times -128.
-        let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), values);
-        let fours = _mm256_madd_epi16(pairs, _mm256_set1_epi16(-128));
-        let mut out = [0i32; 8];
-        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, fours);
-        out
+/// Lays out up to a span of values (`values[16 l + 4 c + e]` of half
+/// block `l`) as a record's four parts (`parts[c][4 l + e]`), each byte
+/// xor `flip`; lanes past the values are left as they are.
+fn lay_out(values: &[i8], flip: u8, parts: &mut [[u8; 4 * LANES]; 4]) {
+    #[cfg(target_arch = "x86_64")]
+    if values.len() == SPAN * BLOCK && is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F runs here, checked just above.
+        return unsafe { lay_out_avx512(values.try_into().expect("a span"), flip, parts) };
     }
-    #[cfg(not(tensorfold_simd))]
-    std::array::from_fn(|l| -128 * block[4 * l..][..4].iter().map(|&v| v as i32).sum::<i32>())
+    for (lane, half) in values.chunks_exact(HALF).enumerate() {
+        for (part, four) in half.chunks_exact(FOUR).enumerate() {
+            for (out, v) in parts[part][FOUR * lane..][..FOUR].iter_mut().zip(four) {
+                *out = *v as u8 ^ flip;
+            }
+        }
+    }
 }
 
-/// `out = values + 128`, eight at a time (a byte loop stays scalar):
-/// `v + 128` is `v ^ 0x80` for a byte.
-fn offset_bytes(values: &[i8], out: &mut [u8]) {
-    for (out, eight) in out.chunks_exact_mut(8).zip(values.chunks_exact(8)) {
-        let word = u64::from_ne_bytes(std::array::from_fn(|e| eight[e] as u8));
-        out.copy_from_slice(&(word ^ 0x8080_8080_8080_8080).to_ne_bytes());
+/// [`lay_out`] of a whole span: four registers of sixteen words (four
+/// lanes each) transposed four by four within their 128-bit quarters, then
+/// put in lane order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn lay_out_avx512(values: &[i8; SPAN * BLOCK], flip: u8, parts: &mut [[u8; 4 * LANES]; 4]) {
+    use std::arch::x86_64::*;
+    let flip = _mm512_set1_epi8(flip as i8);
+    let mut z = [_mm512_setzero_si512(); 4];
+    for (k, z) in z.iter_mut().enumerate() {
+        // SAFETY: the four 64-byte loads read the span's 256 bytes.
+        let words = unsafe { _mm512_loadu_si512(values.as_ptr().add(64 * k) as *const _) };
+        *z = _mm512_xor_si512(words, flip);
+    }
+    let (a, b) = (
+        _mm512_unpacklo_epi32(z[0], z[1]),
+        _mm512_unpackhi_epi32(z[0], z[1]),
+    );
+    let (c, d) = (
+        _mm512_unpacklo_epi32(z[2], z[3]),
+        _mm512_unpackhi_epi32(z[2], z[3]),
+    );
+    // Part `p`, quarter `t`, word `i`: lane `4 i + t`, at `4 t + i`.
+    let transposed = [
+        _mm512_unpacklo_epi64(a, c),
+        _mm512_unpackhi_epi64(a, c),
+        _mm512_unpacklo_epi64(b, d),
+        _mm512_unpackhi_epi64(b, d),
+    ];
+    let in_order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    for (part, words) in parts.iter_mut().zip(transposed) {
+        let words = _mm512_permutexvar_epi32(in_order, words);
+        // SAFETY: a part holds 64 bytes.
+        unsafe { _mm512_storeu_si512(part.as_mut_ptr() as *mut _, words) };
     }
 }
 
