@@ -12,6 +12,10 @@ const SUMS: usize = 16;
 /// Blocks of a span: one half block for each running sum.
 const SPAN: usize = SUMS / 2;
 
+/// Input rows one kernel call takes at most (its registers' worth), on
+/// every instruction set.
+pub(crate) const MAX_ROWS: usize = 2;
+
 /// Input rows from which the wide kernel runs: below, unpacking the tile
 /// and the inputs' pair terms costs more than it saves.
 #[cfg(target_arch = "x86_64")]
@@ -64,11 +68,6 @@ impl Isa {
             Isa::Avx512Vnni => true,
             _ => false,
         }
-    }
-
-    /// Input rows one kernel call takes at most (its registers' worth).
-    pub fn max_rows(self) -> usize {
-        2
     }
 
     /// Whether a call's kernel takes twice the weight rows (its registers

@@ -206,12 +206,11 @@ unsafe fn tile(
                 records.fill_mins(&unpacked.block_mins, width, &inputs.block_sums, m);
             }
         }
-        let most = isa.max_rows();
         // Calls start at multiples of a record group.
-        assert!(wide.is_none() || most == wide::ROWS);
+        const { assert!(kernel::MAX_ROWS == wide::ROWS) };
         let mut i = 0;
         while i < m {
-            let height = (m - i).min(most);
+            let height = (m - i).min(kernel::MAX_ROWS);
             let ops = Operands {
                 inputs,
                 r0: i,

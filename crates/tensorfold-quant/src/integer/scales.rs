@@ -15,12 +15,12 @@ pub(super) fn fill(format: Format, source: &[u8], half_scales: &mut [f32], block
     if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
         // SAFETY: AVX-512 F/BW run here, checked just above.
         let done = unsafe { avx512::fill(format, source, half_scales, block_mins) };
-        let (half_scales, block_mins) = (&mut half_scales[2 * done..], &mut block_mins[..]);
-        let block_mins = if block_mins.is_empty() {
-            block_mins
-        } else {
-            &mut block_mins[done..]
-        };
+        // Formats without minimums have none to skip.
+        let skipped_mins = done.min(block_mins.len());
+        let (half_scales, block_mins) = (
+            &mut half_scales[2 * done..],
+            &mut block_mins[skipped_mins..],
+        );
         let source = &source[format.matrix_bytes(1, done * super::BLOCK)..];
         return scalar(format, source, half_scales, block_mins);
     }
