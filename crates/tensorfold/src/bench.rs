@@ -10,7 +10,7 @@ use tensorfold_engine::{Completion, Engine, GenerateRequest, Prompt};
 /// One cell's result, printed as a JSON line.
 #[derive(Serialize)]
 struct Cell {
-    /// `pp512`, `tg128`, `tg128@d8192`: llama-bench's names.
+    /// `pp512`, `tg128`, `tg128@d8192`, `pp512@d4096`: llama-bench's names.
     test: String,
     n_prompt: usize,
     n_gen: usize,
@@ -35,8 +35,14 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     generate(&engine, random_tokens(vocab, 16, 0), 2)?;
 
     let mut cells = Vec::new();
-    for &n in args.prompt.iter().filter(|&&n| n > 0) {
-        cells.push((format!("pp{n}"), n, 0, 0));
+    for &depth in &args.prompt_depth {
+        for &n in args.prompt.iter().filter(|&&n| n > 0) {
+            let test = match depth {
+                0 => format!("pp{n}"),
+                d => format!("pp{n}@d{d}"),
+            };
+            cells.push((test, n, 0, depth));
+        }
     }
     for &depth in &args.depth {
         for &n in args.decode.iter().filter(|&&n| n > 0) {
@@ -114,7 +120,25 @@ fn time_cell(
     for rep in 0..repetitions {
         // A fresh prompt each repetition: nothing is reused.
         let seed = rep as u64 + 1;
-        let rate = if n_gen == 0 {
+        let rate = if n_gen == 0 && n_depth > 0 {
+            // The context is prefilled and retained untimed; the timed
+            // request extends it, so only the new tokens are prefilled.
+            let mut tokens = random_tokens(vocab, n_depth, seed);
+            retain(engine, tokens.clone())?;
+            tokens.extend(random_tokens(
+                vocab,
+                n_prompt,
+                seed + 1000 * n_prompt as u64,
+            ));
+            let out = generate_with(engine, tokens, 1, true)?;
+            if out.cached_tokens != n_depth {
+                bail!(
+                    "{} of the {n_depth} context tokens were reused",
+                    out.cached_tokens
+                );
+            }
+            n_prompt as f64 / seconds(out.prefill_time)
+        } else if n_gen == 0 {
             let out = generate(engine, random_tokens(vocab, n_prompt, seed), 1)?;
             n_prompt as f64 / seconds(out.prefill_time)
         } else {
@@ -203,11 +227,25 @@ fn time_streams(
 
 /// A greedy, serial, uncached request: every repetition starts cold.
 fn generate(engine: &Engine, tokens: Vec<u32>, max_tokens: usize) -> Result<Completion> {
+    generate_with(engine, tokens, max_tokens, false)
+}
+
+/// Prefills `tokens` and keeps their state for a later request to extend.
+fn retain(engine: &Engine, tokens: Vec<u32>) -> Result<()> {
+    generate_with(engine, tokens, 1, true).map(drop)
+}
+
+fn generate_with(
+    engine: &Engine,
+    tokens: Vec<u32>,
+    max_tokens: usize,
+    cache_prompt: bool,
+) -> Result<Completion> {
     let mut request = GenerateRequest::new(Prompt::Tokens(tokens));
     request.max_tokens = max_tokens;
     request.ignore_eos = true;
     request.draft = false;
-    request.cache_prompt = false;
+    request.cache_prompt = cache_prompt;
     Ok(engine.generate(&request, &mut |_| true)?)
 }
 

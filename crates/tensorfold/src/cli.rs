@@ -99,6 +99,11 @@ pub struct BenchArgs {
         default_value = "0"
     )]
     pub depth: Vec<usize>,
+    /// Context depths the prefill cells extend (comma-separated): a cell
+    /// `pp400@d5000` prefills 400 new tokens after a retained 5000, as a
+    /// later turn of a conversation does.
+    #[arg(long = "prompt-depth", value_delimiter = ',', default_value = "0")]
+    pub prompt_depth: Vec<usize>,
     /// Timed repetitions of each cell, after one untimed warm-up.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,

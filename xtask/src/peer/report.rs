@@ -333,6 +333,7 @@ mod tests {
         let turn = |s: f64, reply: &str| Turn {
             ttft_s: s,
             prompt_tokens: None,
+            cached_tokens: None,
             reply: reply.into(),
         };
         let mut peer = EngineReport::new("llama.cpp");

@@ -39,6 +39,9 @@ pub struct Turn {
     pub ttft_s: f64,
     /// Prompt tokens, where the server reports them.
     pub prompt_tokens: Option<usize>,
+    /// Prompt tokens the server took from what it kept, where it reports them.
+    #[serde(default)]
+    pub cached_tokens: Option<usize>,
     pub reply: String,
 }
 
@@ -122,7 +125,8 @@ fn turn(url: &str, messages: &[Value], spec: &SessionSpec) -> Result<Turn, Strin
         .post(&format!("{url}/v1/chat/completions"))
         .send_json(body)
         .map_err(|e| e.to_string())?;
-    let (mut ttft, mut reply, mut prompt_tokens) = (None, String::new(), None);
+    let (mut ttft, mut reply) = (None, String::new());
+    let (mut prompt_tokens, mut cached_tokens) = (None, None);
     let mut finished = false;
     for line in BufReader::new(response.into_reader()).lines() {
         let line = line.map_err(|e| format!("broken stream: {e}"))?;
@@ -135,6 +139,9 @@ fn turn(url: &str, messages: &[Value], spec: &SessionSpec) -> Result<Turn, Strin
         let event: Value = serde_json::from_str(data).map_err(|e| format!("bad event: {e}"))?;
         if let Some(n) = event["usage"]["prompt_tokens"].as_u64() {
             prompt_tokens = Some(n as usize);
+        }
+        if let Some(n) = event["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+            cached_tokens = Some(n as usize);
         }
         if let Some(choice) = event["choices"].get(0) {
             let text = choice["delta"]["content"].as_str().unwrap_or("");
@@ -152,6 +159,7 @@ fn turn(url: &str, messages: &[Value], spec: &SessionSpec) -> Result<Turn, Strin
         // A reply that ended at once waited for its whole request.
         ttft_s: ttft.unwrap_or_else(|| started.elapsed()).as_secs_f64(),
         prompt_tokens,
+        cached_tokens,
         reply,
     })
 }
@@ -184,6 +192,7 @@ mod tests {
         let turn = |s: f64| Turn {
             ttft_s: s,
             prompt_tokens: None,
+            cached_tokens: None,
             reply: String::new(),
         };
         let session = Session {
