@@ -2,7 +2,6 @@
 //! F16C (two). Each operation is the portable one's, lane for lane.
 
 use super::lanes::{Lanes, EXP_HIGH, EXP_LOW, EXP_POLY, LN2_HIGH, LN2_LOW, LOG2E};
-use half::f16;
 use std::arch::x86_64::*;
 
 pub(crate) fn avx2_detected() -> bool {
@@ -63,31 +62,11 @@ impl Lanes for Avx2 {
         unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
     }
     #[inline(always)]
-    unsafe fn load_half(self, p: *const f16) -> Self::V {
-        // SAFETY: see the impl's note; the caller guarantees 16 halves.
-        unsafe {
-            [
-                _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
-                _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
-            ]
-        }
-    }
-    #[inline(always)]
     unsafe fn store(self, p: *mut f32, v: Self::V) {
         // SAFETY: see the impl's note; the caller guarantees 16 floats.
         unsafe {
             _mm256_storeu_ps(p, v[0]);
             _mm256_storeu_ps(p.add(8), v[1]);
-        }
-    }
-    #[inline(always)]
-    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        // SAFETY: see the impl's note.
-        unsafe {
-            [
-                _mm256_fmadd_ps(a[0], b[0], c[0]),
-                _mm256_fmadd_ps(a[1], b[1], c[1]),
-            ]
         }
     }
     #[inline(always)]
@@ -100,11 +79,6 @@ impl Lanes for Avx2 {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V {
         // SAFETY: see the impl's note.
         unsafe { [_mm256_sub_ps(a[0], b[0]), _mm256_sub_ps(a[1], b[1])] }
-    }
-    #[inline(always)]
-    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: see the impl's note.
-        unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
     }
     #[inline(always)]
     fn max(self, a: Self::V, b: Self::V) -> Self::V {
@@ -175,19 +149,9 @@ impl Lanes for Avx512 {
         unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
-    unsafe fn load_half(self, p: *const f16) -> Self::V {
-        // SAFETY: see the impl's note; the caller guarantees 16 halves.
-        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
-    }
-    #[inline(always)]
     unsafe fn store(self, p: *mut f32, v: Self::V) {
         // SAFETY: see the impl's note; the caller guarantees 16 floats.
         unsafe { _mm512_storeu_ps(p, v) }
-    }
-    #[inline(always)]
-    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        // SAFETY: see the impl's note.
-        unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     fn add(self, a: Self::V, b: Self::V) -> Self::V {
@@ -198,11 +162,6 @@ impl Lanes for Avx512 {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V {
         // SAFETY: see the impl's note.
         unsafe { _mm512_sub_ps(a, b) }
-    }
-    #[inline(always)]
-    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
-        // SAFETY: see the impl's note.
-        unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
     fn max(self, a: Self::V, b: Self::V) -> Self::V {
