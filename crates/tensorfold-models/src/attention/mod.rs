@@ -215,7 +215,7 @@ fn fold_task_avx2(
 
 /// [`fold_task`] compiled for AVX-512.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma")]
 fn fold_task_avx512(
     sums: Sums,
     shape: &Shape,

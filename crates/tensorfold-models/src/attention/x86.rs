@@ -1,27 +1,25 @@
-//! [`Lanes`] in AVX-512 (one register a vector) and in AVX2 with FMA and
-//! F16C (two). Each operation is the portable one's, lane for lane.
+//! [`Lanes`] in AVX-512 (one register a vector) and in AVX2 with FMA
+//! (two). Each operation is the portable one's, lane for lane.
 
 use super::lanes::{Lanes, EXP_HIGH, EXP_LOW, EXP_POLY, LN2_HIGH, LN2_LOW, LOG2E};
 use std::arch::x86_64::*;
 
 pub(crate) fn avx2_detected() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
 
 pub(crate) fn avx512_detected() -> bool {
     is_x86_feature_detected!("avx512f")
 }
 
-/// AVX2 with FMA and F16C. Made only where [`avx2_detected`] holds, and
+/// AVX2 with FMA. Made only where [`avx2_detected`] holds, and
 /// used only inside functions compiled for those features.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Avx2(());
 
 impl Avx2 {
     /// # Safety
-    /// The CPU must run AVX2, FMA and F16C.
+    /// The CPU must run AVX2 and FMA.
     pub(crate) unsafe fn new() -> Avx2 {
         Avx2(())
     }
@@ -41,7 +39,7 @@ impl Avx512 {
 }
 
 // SAFETY (every `unsafe` block below): an `Avx2` exists only where the CPU
-// runs AVX2, FMA and F16C, so their register operations are available;
+// runs AVX2 and FMA, so their register operations are available;
 // loads and stores touch only what the callers guarantee.
 impl Lanes for Avx2 {
     type V = [__m256; 2];
