@@ -267,11 +267,9 @@ fn rows_narrower_than_32_inputs_run_and_stay_invariant() {
         .zip(&gpu)
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
-    // The GPU keeps keys and values in f16, the CPU 16-bit keys and 8-bit
-    // values (a step of 1/127 of a head's largest); sums run in other
-    // orders.
+    // Both keep keys and values in f16; their sums run in other orders.
     assert!(
-        worst < 2e-2,
+        worst < 5e-3,
         "narrow model: GPU and CPU logits differ by {worst}"
     );
 }
@@ -382,10 +380,9 @@ fn assert_close_to_cpu(
     };
     let f16_inputs = kernels == MatmulKernels::TensorCores && quantized
         || tensorfold_cuda::attention_on_tensor_cores(model.config.head_dim);
-    // The GPU keeps keys and values in f16, the CPU 16-bit keys and 8-bit
-    // values (a step of 1/127 of a head's largest), and they sum in other
-    // orders: up to about a hundredth apart even where both multiply in f32.
-    let tolerance = if f16_inputs { 3e-2 } else { 2e-2 };
+    // Both keep keys and values in f16 but sum in other orders: a few
+    // thousandths apart even where both multiply in f32.
+    let tolerance = if f16_inputs { 2e-2 } else { 5e-3 };
     let prompt = tokens(70, seed);
     let mut cpu_kv = tensorfold_kv::KvCache::new(model.config.kv_shape());
     let mut gpu_kv = g.new_cache();

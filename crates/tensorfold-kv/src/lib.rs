@@ -2,11 +2,13 @@
 //! prefixes.
 //!
 //! Keys and values are stored per layer in fixed blocks of [`BLOCK`]
-//! positions counted from position 0, as integers with one scale per
-//! position and key/value head: keys 16-bit (split in two bytes), values
-//! 8-bit, rounded once, when the forward appends them (see [`block`]).
-//! Inside a block each key/value head's data lies together, in the layouts
-//! attention's tile multiplies read.
+//! positions counted from position 0, as f16 (rounded to nearest once, when
+//! the forward appends them; beyond f16's range they saturate). Inside a
+//! block each key/value head's data lies together. Keys are laid out
+//! dimension after dimension (`[kv_head][dim][slot]`), so one load holds one
+//! dimension of many keys and attention scores many keys per instruction;
+//! values slot after slot (`[kv_head][slot][dim]`, each row padded with zeros
+//! to [`VALUE_LANES`]), so one load holds many dimensions of one value.
 //!
 //! Blocks are reference counted: a cache made from another's prefix
 //! ([`KvCache::clone_prefix`]) shares its blocks, and a block is copied only
@@ -15,9 +17,7 @@
 //! untouched, so a rolled-back cache is bitwise the cache that never saw the
 //! rejected positions.
 
-pub mod block;
-
-pub use block::{HeadBlock, KvBlock};
+use half::f16;
 use std::sync::Arc;
 
 /// Positions one block holds.
@@ -26,9 +26,9 @@ pub const BLOCK: usize = 64;
 /// Positions a cache grows by when it is full: one block.
 pub const GROWTH: usize = BLOCK;
 
-/// A value row's stored width is a multiple of this many dimensions (zeros
-/// after the head dimension), so attention reads whole tiles.
-pub const VALUE_LANES: usize = block::VALUE_GROUP;
+/// A value row's stored width is a multiple of this many halves (zeros
+/// after the head dimension), so attention reads whole vectors.
+pub const VALUE_LANES: usize = 16;
 
 // The trait lives with the forward interface (`tensorfold-forward`); it is
 // named here too, beside the cache that implements it.
@@ -61,34 +61,88 @@ impl KvShape {
     }
 
     /// Bytes one position takes across all layers, keys and values, in
-    /// f32: the most any device stores (the CUDA cache stores f16, the CPU
-    /// cache 16-bit keys and 8-bit values).
+    /// f32: the most any device stores (the CPU and CUDA caches store half
+    /// of it).
     pub fn bytes_per_position(&self) -> usize {
         self.layers * self.width() * 2 * std::mem::size_of::<f32>()
     }
 
-    /// Dimensions one stored value takes: the head dimension rounded up to
+    /// Halves one stored value row takes: the head dimension rounded up to
     /// [`VALUE_LANES`].
     pub fn value_stride(&self) -> usize {
         self.head_dim.next_multiple_of(VALUE_LANES)
     }
 
-    /// Dimensions one stored key takes: the head dimension rounded up to
-    /// [`block::KEY_TILE_DIMS`].
-    pub fn key_dim(&self) -> usize {
-        self.head_dim.next_multiple_of(block::KEY_TILE_DIMS)
-    }
-
-    /// Bytes one position takes in one layer's block: two bytes a key
-    /// dimension, one a value dimension, a scale each, per key/value head.
-    fn slot_bytes(&self) -> usize {
-        let scales = 2 * std::mem::size_of::<f32>();
-        self.kv_heads * (2 * self.key_dim() + self.value_stride() + scales)
-    }
-
-    /// Bytes one block of one layer takes.
+    /// Bytes one block of one layer takes (keys and values, f16).
     fn block_bytes(&self) -> usize {
-        BLOCK * self.slot_bytes()
+        BLOCK * self.kv_heads * (self.head_dim + self.value_stride()) * std::mem::size_of::<f16>()
+    }
+}
+
+/// [`BLOCK`] positions of one layer: per key/value head, its keys
+/// `[dim][slot]` and its values `[slot][dim]` (rows of
+/// [`KvShape::value_stride`]).
+#[derive(Debug, Clone)]
+pub struct KvBlock {
+    keys: Vec<f16>,
+    values: Vec<f16>,
+    head_dim: usize,
+    value_stride: usize,
+}
+
+impl KvBlock {
+    fn new(shape: KvShape) -> KvBlock {
+        KvBlock {
+            keys: vec![f16::ZERO; BLOCK * shape.width()],
+            values: vec![f16::ZERO; BLOCK * shape.kv_heads * shape.value_stride()],
+            head_dim: shape.head_dim,
+            value_stride: shape.value_stride(),
+        }
+    }
+
+    /// Keys of `kv_head`, `head_dim * BLOCK`: dimension `d` of slot `s` at
+    /// `d * BLOCK + s` (slots past the cache's length hold nothing
+    /// meaningful).
+    pub fn keys(&self, kv_head: usize) -> &[f16] {
+        &self.keys[kv_head * BLOCK * self.head_dim..][..BLOCK * self.head_dim]
+    }
+
+    /// Values of `kv_head`, `BLOCK * value_stride`: slot `s` at
+    /// `s * value_stride`, zeros after its `head_dim` values.
+    pub fn values(&self, kv_head: usize) -> &[f16] {
+        &self.values[kv_head * BLOCK * self.value_stride..][..BLOCK * self.value_stride]
+    }
+
+    /// Halves between two slots' values.
+    pub fn value_stride(&self) -> usize {
+        self.value_stride
+    }
+
+    /// Stores one position's keys and values (`width` each) at `slot`.
+    fn write(&mut self, slot: usize, k: &[f32], v: &[f32]) {
+        let (hd, stride) = (self.head_dim, self.value_stride);
+        for (head, (k, v)) in k.chunks_exact(hd).zip(v.chunks_exact(hd)).enumerate() {
+            let keys = &mut self.keys[head * BLOCK * hd..][..BLOCK * hd];
+            for (d, src) in k.iter().enumerate() {
+                keys[d * BLOCK + slot] = half(*src);
+            }
+            let at = (head * BLOCK + slot) * stride;
+            for (dst, src) in self.values[at..at + hd].iter_mut().zip(v) {
+                *dst = half(*src);
+            }
+        }
+    }
+}
+
+/// `x` rounded to the nearest f16, saturating at f16's largest finite
+/// values: a stored value is always finite, so a weight of exactly zero
+/// leaves a sum unchanged.
+fn half(x: f32) -> f16 {
+    let h = f16::from_f32(x);
+    if h.is_infinite() {
+        f16::MAX.copysign(h)
+    } else {
+        h
     }
 }
 
@@ -205,7 +259,7 @@ impl KvCache {
 
     /// Bytes held by stored positions.
     pub fn bytes(&self) -> usize {
-        self.len * self.shape.layers * self.shape.slot_bytes()
+        self.len * self.shape.layers * self.shape.width() * 2 * std::mem::size_of::<f16>()
     }
 
     /// Bytes allocated, stored or not. A block shared with other caches is
@@ -235,7 +289,7 @@ mod tests {
         head_dim: 3,
     };
 
-    /// Position `p`'s keys and values in every layer: distinct.
+    /// Position `p`'s keys and values in every layer: distinct, exact in f16.
     fn row(p: usize) -> (Vec<f32>, Vec<f32>) {
         let k = (0..6).map(|i| (p * 8 + i) as f32).collect();
         let v = (0..6).map(|i| -((p * 8 + i) as f32)).collect();
@@ -266,43 +320,13 @@ mod tests {
         let (mut k, mut v) = (Vec::new(), Vec::new());
         let slot = p % BLOCK;
         for head in 0..SHAPE.kv_heads {
-            let stored = b.head(head);
-            k.extend(stored.key(slot, SHAPE.head_dim));
-            v.extend(stored.value(slot, SHAPE.head_dim));
-            // The padding after the head dimension holds zeros.
-            let (kd, vd) = (SHAPE.key_dim(), SHAPE.value_stride());
-            assert!((SHAPE.head_dim..kd).all(|d| {
-                let at = HeadBlock::key_at(kd, slot, d);
-                stored.key_high[at] == 0 && stored.key_low[at] == 0
-            }));
-            assert!((SHAPE.head_dim..vd).all(|d| stored.values[HeadBlock::value_at(slot, d)] == 0));
+            let keys = b.keys(head);
+            k.extend((0..SHAPE.head_dim).map(|d| keys[d * BLOCK + slot].to_f32()));
+            let values = &b.values(head)[slot * b.value_stride()..][..b.value_stride()];
+            assert!(values[SHAPE.head_dim..].iter().all(|x| *x == f16::ZERO));
+            v.extend(values[..SHAPE.head_dim].iter().map(|x| x.to_f32()));
         }
         (k, v)
-    }
-
-    /// `stored` is `x` rounded to `levels` steps of each head's largest
-    /// magnitude: within half a step of it (and the scale's own rounding).
-    fn close(stored: &[f32], x: &[f32], levels: f32) -> bool {
-        stored
-            .chunks(SHAPE.head_dim)
-            .zip(x.chunks(SHAPE.head_dim))
-            .all(|(s, x)| {
-                let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let bound = max / levels * 0.5 + max * 1e-6;
-                s.iter().zip(x).all(|(s, x)| (s - x).abs() <= bound)
-            })
-    }
-
-    fn assert_position(c: &KvCache, layer: usize, p: usize, (k, v): (Vec<f32>, Vec<f32>)) {
-        let (keys, values) = read(c, layer, p);
-        assert!(
-            close(&keys, &k, block::KEY_LEVELS),
-            "layer {layer} position {p}: {keys:?}"
-        );
-        assert!(
-            close(&values, &v, block::VALUE_LEVELS),
-            "layer {layer} position {p}: {values:?}"
-        );
     }
 
     fn assert_holds(c: &KvCache, n: usize) {
@@ -310,7 +334,7 @@ mod tests {
         for l in 0..SHAPE.layers {
             assert_eq!(c.blocks(l).len(), n.div_ceil(BLOCK));
             for p in 0..n {
-                assert_position(c, l, p, row(p));
+                assert_eq!(read(c, l, p), row(p), "layer {l} position {p}");
             }
         }
     }
@@ -319,28 +343,20 @@ mod tests {
     fn positions_read_back_across_block_boundaries() {
         let c = filled(2 * BLOCK + 5);
         assert_holds(&c, 2 * BLOCK + 5);
-        // Per position, layer and head: 64 key dimensions of two bytes, 16
-        // value bytes, two scales.
-        assert_eq!(c.bytes(), (2 * BLOCK + 5) * 2 * 2 * (2 * 64 + 16 + 8));
+        assert_eq!(c.bytes(), (2 * BLOCK + 5) * 2 * 6 * 2 * 2);
         assert_eq!(c.allocated_bytes(), 3 * 2 * SHAPE.block_bytes());
     }
 
     #[test]
-    fn a_stored_position_depends_on_its_own_numbers_alone() {
-        // The same position written beside different neighbours stores
-        // the same bytes and scales.
-        let mut a = filled(3);
-        let mut b = KvCache::new(SHAPE);
-        append(&mut b, 0..1);
-        let (k, v) = (vec![1e4; 6], vec![-3.0; 6]);
+    fn values_beyond_f16_saturate_to_its_largest_finite() {
+        let mut c = KvCache::new(SHAPE);
+        let (k, v) = ([1e6, -1e6, 0.5, 7.0, 1e-9, -70000.0], [-1e9; 6]);
         for l in 0..SHAPE.layers {
-            b.append(l, &k, &v);
+            c.append(l, &k, &v);
         }
-        append(&mut b, 2..3);
-        a.truncate(3);
-        for p in [0, 2] {
-            assert_eq!(read(&a, 0, p), read(&b, 0, p));
-        }
+        let (keys, values) = read(&c, 0, 0);
+        assert_eq!(keys, [65504.0, -65504.0, 0.5, 7.0, 0.0, -65504.0]);
+        assert_eq!(values, [-65504.0; 6]);
     }
 
     #[test]
@@ -377,14 +393,14 @@ mod tests {
         }
         assert_eq!(copy.shared_blocks(), 2 * SHAPE.layers);
         assert_holds(&full, 3 * BLOCK + 7);
-        assert_position(&copy, 1, 2 * BLOCK + 4, (k.clone(), v.clone()));
+        assert_eq!(read(&copy, 1, 2 * BLOCK + 4), (k.clone(), v.clone()));
         // Writes into an unshared block stay in place.
         k.fill(2.0);
         v.fill(4.0);
         for l in 0..SHAPE.layers {
             copy.append(l, &k, &v);
         }
-        assert_position(&copy, 0, 2 * BLOCK + 5, (k, v));
+        assert_eq!(read(&copy, 0, 2 * BLOCK + 5), (k, v));
         assert_eq!(copy.shared_blocks(), 2 * SHAPE.layers);
         drop(full);
         assert_eq!(copy.shared_blocks(), 0);

@@ -1,9 +1,16 @@
-//! The float steps of attention over one key block, each a function of one
-//! query's own numbers: its scores from their integer sums, the block's
-//! softmax step (written once over [`Lanes`]), and its weighted values
-//! folded into its running sums.
+//! The arithmetic of attention over one key block, written once over
+//! [`Lanes`]: scores with many keys per vector (keys are stored dimension
+//! after dimension), the block's softmax step, and the weighted values with
+//! many dimensions per vector.
+//!
+//! Every query keeps its own sums in its own order: a score is
+//! `Σ_d q[d]·k[d]` folded over `d` in order, a value sum `Σ_j w_j·v_j` over
+//! the block's slots in order. Several queries go together only so that one
+//! loaded key or value serves them all; how many go together, and how many
+//! vectors one pass holds, changes no query's bits.
 
 use super::lanes::{exp, lane_max, lane_sum, Lanes, LANES};
+use half::f16;
 use std::ops::Range;
 use tensorfold_kv::BLOCK;
 
@@ -24,6 +31,51 @@ impl Running {
             max: f32::NEG_INFINITY,
             sum: 0.0,
             acc: vec![0.0; value_stride],
+        }
+    }
+}
+
+/// `out[n][s] = scale · Σ_d queries[n][d] · keys[d·BLOCK + s]` for every
+/// slot `s` of the block, `KV` key vectors a pass.
+#[inline(always)]
+pub(crate) fn scores<L: Lanes, const N: usize, const KV: usize>(
+    lanes: L,
+    queries: [&[f32]; N],
+    keys: &[f16],
+    scale: f32,
+    out: &mut [[f32; BLOCK]; N],
+) {
+    let hd = queries[0].len();
+    assert!(keys.len() >= hd * BLOCK && queries.iter().all(|q| q.len() == hd));
+    const { assert!(KEY_VECTORS.is_multiple_of(KV)) };
+    for first in (0..KEY_VECTORS).step_by(KV) {
+        let mut acc = [[lanes.zero(); KV]; N];
+        for d in 0..hd {
+            let row = keys[d * BLOCK + first * LANES..].as_ptr();
+            // SAFETY: `d < hd` and `first + v < KEY_VECTORS`, so each load
+            // of LANES halves lies within `keys` (asserted above).
+            let mut k = [lanes.zero(); KV];
+            for (v, k) in k.iter_mut().enumerate() {
+                *k = unsafe { lanes.load_half(row.add(v * LANES)) };
+            }
+            for n in 0..N {
+                let q = lanes.splat(queries[n][d]);
+                for v in 0..KV {
+                    acc[n][v] = lanes.mul_add(q, k[v], acc[n][v]);
+                }
+            }
+        }
+        let scale = lanes.splat(scale);
+        for n in 0..N {
+            for v in 0..KV {
+                // SAFETY: `(first + v + 1) * LANES <= BLOCK`, the row's length.
+                unsafe {
+                    lanes.store(
+                        out[n][(first + v) * LANES..].as_mut_ptr(),
+                        lanes.mul(acc[n][v], scale),
+                    )
+                }
+            }
         }
     }
 }
@@ -88,23 +140,82 @@ fn load_vector<L: Lanes>(lanes: L, scores: &[f32; BLOCK], v: usize) -> L::V {
     unsafe { lanes.load(scores[v * LANES..].as_ptr()) }
 }
 
-/// A query's scores from their integer sums: `(sum · key scale) · factor`.
+/// `acc[n] += Σ_{j in slots} weights[n][j] · value j`, `j` in order, `DV`
+/// vectors of the value row a pass. `values` holds the block's rows
+/// `stride` apart; each `acc[n]` is `stride` long.
 #[inline(always)]
-pub(crate) fn float_scores(
-    sums: &[i32; BLOCK],
-    key_scales: &[f32; BLOCK],
-    factor: f32,
-    out: &mut [f32; BLOCK],
+pub(crate) fn accumulate<L: Lanes, const N: usize, const DV: usize>(
+    lanes: L,
+    weights: [&[f32; BLOCK]; N],
+    values: &[f16],
+    stride: usize,
+    slots: Range<usize>,
+    acc: [&mut [f32]; N],
 ) {
-    for s in 0..BLOCK {
-        out[s] = (sums[s] as f32 * key_scales[s]) * factor;
+    assert!(stride.is_multiple_of(LANES) && values.len() >= BLOCK * stride && slots.end <= BLOCK);
+    assert!(acc.iter().all(|a| a.len() == stride));
+    const { assert!(DV >= 1 && DV <= 4) };
+    let vectors = stride / LANES;
+    let mut acc = acc;
+    let mut first = 0;
+    while first < vectors {
+        let take = (vectors - first).min(DV);
+        match take {
+            1 => {
+                accumulate_pass::<L, N, 1>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+            2 => {
+                accumulate_pass::<L, N, 2>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+            3 => {
+                accumulate_pass::<L, N, 3>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+            _ => {
+                accumulate_pass::<L, N, 4>(lanes, weights, values, stride, &slots, &mut acc, first)
+            }
+        }
+        first += take;
     }
 }
 
-/// `acc[d] = sums[d] · scale + acc[d]`, rounded once.
+/// [`accumulate`] for the `D` vectors of the value row from vector `first`.
 #[inline(always)]
-pub(crate) fn add_values(sums: &[i32], scale: f32, acc: &mut [f32]) {
-    for (a, s) in acc.iter_mut().zip(sums) {
-        *a = (*s as f32).mul_add(scale, *a);
+fn accumulate_pass<L: Lanes, const N: usize, const D: usize>(
+    lanes: L,
+    weights: [&[f32; BLOCK]; N],
+    values: &[f16],
+    stride: usize,
+    slots: &Range<usize>,
+    acc: &mut [&mut [f32]; N],
+    first: usize,
+) {
+    // SAFETY (loads and stores below): `(first + D) · LANES <= stride`, the
+    // length of every `acc[n]` and of every value row; the rows read are
+    // slots below BLOCK (asserted by the caller).
+    let mut sums = [[lanes.zero(); D]; N];
+    for n in 0..N {
+        for v in 0..D {
+            sums[n][v] = unsafe { lanes.load(acc[n][(first + v) * LANES..].as_ptr()) };
+        }
+    }
+    for j in slots.clone() {
+        let row = values[j * stride + first * LANES..].as_ptr();
+        // SAFETY: see above.
+        let mut value = [lanes.zero(); D];
+        for (v, value) in value.iter_mut().enumerate() {
+            *value = unsafe { lanes.load_half(row.add(v * LANES)) };
+        }
+        for n in 0..N {
+            let w = lanes.splat(weights[n][j]);
+            for v in 0..D {
+                sums[n][v] = lanes.mul_add(w, value[v], sums[n][v]);
+            }
+        }
+    }
+    for n in 0..N {
+        for v in 0..D {
+            // SAFETY: see above.
+            unsafe { lanes.store(acc[n][(first + v) * LANES..].as_mut_ptr(), sums[n][v]) };
+        }
     }
 }

@@ -4,6 +4,8 @@
 //! multiply-add is fused everywhere), so a kernel written over [`Lanes`]
 //! gives the same bits whichever set runs it.
 
+use half::f16;
+
 /// Lanes of one vector.
 pub(crate) const LANES: usize = 16;
 
@@ -67,11 +69,19 @@ pub(crate) trait Lanes: Copy {
     /// # Safety
     /// `p` is valid for reads of [`LANES`] f32.
     unsafe fn load(self, p: *const f32) -> Self::V;
+    /// [`LANES`] halves widened to f32 (exact).
+    ///
+    /// # Safety
+    /// `p` is valid for reads of [`LANES`] halves.
+    unsafe fn load_half(self, p: *const f16) -> Self::V;
     /// # Safety
     /// `p` is valid for writes of [`LANES`] f32.
     unsafe fn store(self, p: *mut f32, v: Self::V);
+    /// `a * b + c`, rounded once.
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     fn add(self, a: Self::V, b: Self::V) -> Self::V;
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
     /// `a > b ? a : b`, lane by lane (as the instructions compute it).
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
     /// [`exp`] in every lane.
@@ -95,15 +105,26 @@ impl Lanes for Portable {
         // SAFETY: the caller guarantees LANES readable floats.
         unsafe { p.cast::<[f32; LANES]>().read_unaligned() }
     }
+    unsafe fn load_half(self, p: *const f16) -> Self::V {
+        // SAFETY: the caller guarantees LANES readable halves.
+        let halves = unsafe { p.cast::<[f16; LANES]>().read_unaligned() };
+        halves.map(f16::to_f32)
+    }
     unsafe fn store(self, p: *mut f32, v: Self::V) {
         // SAFETY: the caller guarantees LANES writable floats.
         unsafe { p.cast::<[f32; LANES]>().write_unaligned(v) }
+    }
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
     }
     fn add(self, a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|l| a[l] + b[l])
     }
     fn sub(self, a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|l| a[l] - b[l])
+    }
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
+        std::array::from_fn(|l| a[l] * b[l])
     }
     fn max(self, a: Self::V, b: Self::V) -> Self::V {
         std::array::from_fn(|l| if a[l] > b[l] { a[l] } else { b[l] })

@@ -7,12 +7,10 @@
 //! keys alone: not of the chunk it came in, the other rows of the call, the
 //! tile or thread that ran it, nor the instruction set.
 //!
-//! The products are integers summed exactly ([`integer`]): the query as
-//! 16-bit integers against the cache's 16-bit keys, then the block's
-//! weights as 16-bit integers against its 8-bit values ([`quantize`]), up
-//! to sixteen queries a tile multiply, on the tile unit where the CPU has
-//! one ([`amx`]). An integer sum has no order, so none of that changes a
-//! query's bits; the float steps between ([`kernels`]) are each query's own.
+//! Within a block, scores are computed for many keys at once (keys are
+//! stored dimension after dimension) and for several queries at once (the
+//! heads of a group and neighbouring rows), so each loaded key and value
+//! serves them all; see [`kernels`] for why that changes no query's bits.
 //!
 //! Work is split into tasks of one key/value head and [`TILE`] query rows:
 //! every head of the group and every row of the tile reads a key block
@@ -20,28 +18,26 @@
 //! few tasks for the cores (decoding one row), a group's heads are split
 //! between tasks.
 
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-mod amx;
-mod integer;
 mod kernels;
 mod lanes;
-mod quantize;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use crate::config::ModelConfig;
-use integer::{ScoreSums, Sums};
-use kernels::{add_values, float_scores, soften, Running};
+use kernels::{accumulate, scores, soften, Running};
 pub(crate) use lanes::exp;
 use lanes::{Isa, Lanes, Portable};
-use quantize::{QueryTile, WeightTile, ROWS};
 use rayon::prelude::*;
 use std::ops::Range;
 use std::sync::Arc;
-use tensorfold_kv::{HeadBlock, KvBlock, KvCache, BLOCK};
+use tensorfold_kv::{KvBlock, KvCache, BLOCK};
 
 /// Query rows one task takes.
 const TILE: usize = 16;
+
+/// The most queries one pass over a key block serves (the kernels'
+/// registers hold this many queries' sums on AVX-512).
+const MOST_QUERIES: usize = 6;
 /// Causal attention of `q` (rows at positions `start..`, `q_width` each)
 /// over `layer` of `cache`, which already holds their keys and values;
 /// writes `out` (shaped as `q`).
@@ -53,22 +49,11 @@ pub(crate) fn attention(
     q: &[f32],
     out: &mut [f32],
 ) {
-    attention_with(
-        Isa::detect(),
-        Sums::detect(),
-        config,
-        cache,
-        layer,
-        start,
-        q,
-        out,
-    )
+    attention_with(Isa::detect(), config, cache, layer, start, q, out)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn attention_with(
     isa: Isa,
-    sums: Sums,
     config: &ModelConfig,
     cache: &KvCache,
     layer: usize,
@@ -77,11 +62,6 @@ fn attention_with(
     out: &mut [f32],
 ) {
     let shape = Shape::of(config, layer);
-    assert!(
-        cache.shape().key_dim() <= integer::MAX_KEY_DIM,
-        "head dimensions above {} are not supported on the CPU",
-        integer::MAX_KEY_DIM
-    );
     let rows = q.len() / shape.q_width;
     if rows == 0 {
         return;
@@ -111,7 +91,7 @@ fn attention_with(
     }
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|task| run_task(isa, sums, &shape, blocks, start, q, task))
+        .map(|task| run_task(isa, &shape, blocks, start, q, task))
         .collect();
     let hd = shape.head_dim;
     for (task, result) in tasks.iter().zip(&results) {
@@ -145,20 +125,6 @@ struct Shape {
 }
 
 impl Shape {
-    /// The slots of the block starting at `first` that the query at
-    /// `position` sees, if any: its own and earlier positions, within a
-    /// sliding layer's window (fixed by its position alone).
-    fn valid(&self, position: usize, first: usize) -> Option<Range<usize>> {
-        if position < first {
-            return None;
-        }
-        let end = (position + 1 - first).min(BLOCK);
-        let skip = self.window.map_or(0, |w| {
-            (position + 1).saturating_sub(w).saturating_sub(first)
-        });
-        (skip < end).then_some(skip..end)
-    }
-
     fn of(c: &ModelConfig, layer: usize) -> Shape {
         let p = &c.plan;
         Shape {
@@ -177,7 +143,6 @@ impl Shape {
 
 fn run_task(
     isa: Isa,
-    sums: Sums,
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
@@ -185,23 +150,23 @@ fn run_task(
     task: &Task,
 ) -> Vec<f32> {
     match isa {
-        Isa::Portable => fold_task(Portable, sums, shape, blocks, start, q, task),
+        Isa::Portable => fold_task::<_, 4, 4, 4>(Portable, shape, blocks, start, q, task),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx2` is only detected (or listed) where the CPU
-        // runs AVX2 and FMA.
-        Isa::Avx2 => unsafe { fold_task_avx2(sums, shape, blocks, start, q, task) },
+        // runs AVX2, FMA and F16C.
+        Isa::Avx2 => unsafe { fold_task_avx2(shape, blocks, start, q, task) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::Avx512` is only detected (or listed) where the CPU
         // runs AVX-512F.
-        Isa::Avx512 => unsafe { fold_task_avx512(sums, shape, blocks, start, q, task) },
+        Isa::Avx512 => unsafe { fold_task_avx512(shape, blocks, start, q, task) },
     }
 }
 
-/// [`fold_task`] compiled for AVX2 and FMA.
+/// [`fold_task`] compiled for AVX2, FMA and F16C: sixteen registers hold
+/// three queries' sums over half a block (or two value vectors).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn fold_task_avx2(
-    sums: Sums,
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
@@ -210,14 +175,14 @@ fn fold_task_avx2(
 ) -> Vec<f32> {
     // SAFETY: this function runs only where the CPU has these features.
     let lanes = unsafe { x86::Avx2::new() };
-    fold_task(lanes, sums, shape, blocks, start, q, task)
+    fold_task::<_, 3, 2, 2>(lanes, shape, blocks, start, q, task)
 }
 
-/// [`fold_task`] compiled for AVX-512.
+/// [`fold_task`] compiled for AVX-512: thirty-two registers hold six
+/// queries' sums over a whole block (or four value vectors).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
 fn fold_task_avx512(
-    sums: Sums,
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
@@ -226,149 +191,159 @@ fn fold_task_avx512(
 ) -> Vec<f32> {
     // SAFETY: this function runs only where the CPU has these features.
     let lanes = unsafe { x86::Avx512::new() };
-    fold_task(lanes, sums, shape, blocks, start, q, task)
+    fold_task::<_, MOST_QUERIES, 4, 4>(lanes, shape, blocks, start, q, task)
 }
 
-/// Where a tile's integer sums are computed, with room for them.
-enum Multiplier {
-    Portable,
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    Tiles(amx::Tiles, Box<ScoreSums>, Vec<i32>),
-}
-
-impl Multiplier {
-    fn new(sums: Sums, value_dim: usize) -> Multiplier {
-        match sums {
-            Sums::Portable => Multiplier::Portable,
-            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-            // SAFETY: `Sums::Tiles` is only detected (or listed) where
-            // `amx::available` holds.
-            Sums::Tiles => Multiplier::Tiles(
-                unsafe { amx::Tiles::configure() },
-                Box::new([[0; BLOCK]; ROWS]),
-                vec![0; ROWS * value_dim],
-            ),
-        }
-    }
-
-    #[inline(always)]
-    fn scores(&mut self, queries: &QueryTile, head: &HeadBlock, out: &mut ScoreSums) {
-        match self {
-            Multiplier::Portable => integer::scores_portable(queries, head, out),
-            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-            Multiplier::Tiles(tiles, cross, _) => amx::scores(tiles, queries, head, out, cross),
-        }
-    }
-
-    #[inline(always)]
-    fn values(&mut self, weights: &WeightTile, head: &HeadBlock, out: &mut [i32]) {
-        match self {
-            Multiplier::Portable => integer::values_portable(weights, head, out),
-            #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-            Multiplier::Tiles(tiles, _, low) => amx::values(tiles, weights, head, out, low),
-        }
-    }
-}
-
-/// A query's place in its task.
-struct Query {
-    /// Its row (within the call) and position.
-    row: usize,
-    position: usize,
+/// A query that sees some of a block's keys.
+struct Alive {
+    /// Index into the task's states.
+    state: usize,
     /// Where its query vector starts in `q`.
-    at: usize,
+    query: usize,
+    /// Its keys among the block's slots.
+    valid: Range<usize>,
 }
 
 /// Attention of one task's heads: their outputs, row after row, head
-/// after head. The task's queries go [`ROWS`] to a tile multiply.
+/// after head. Up to `QUERIES` queries share a pass over a block, `KV` key
+/// vectors and `DV` value vectors at a time.
 #[inline(always)]
-fn fold_task<L: Lanes>(
+fn fold_task<L: Lanes, const QUERIES: usize, const KV: usize, const DV: usize>(
     lanes: L,
-    sums: Sums,
     shape: &Shape,
     blocks: &[Arc<KvBlock>],
     start: usize,
     q: &[f32],
     task: &Task,
 ) -> Vec<f32> {
-    let (hd, kv_head) = (shape.head_dim, task.kv_head);
+    const { assert!(QUERIES >= 1 && QUERIES <= MOST_QUERIES) };
+    let (hd, task_heads, rows, kv_head) = (
+        shape.head_dim,
+        task.heads.len(),
+        task.rows.clone(),
+        task.kv_head,
+    );
     let first_head = kv_head * shape.group + task.heads.start;
     // `attention_with` checked that the blocks hold at least one row.
-    let first_block = blocks[0].head(kv_head);
-    let (key_dim, value_dim) = (first_block.key_dim, first_block.value_dim);
-    let queries: Vec<Query> = task
-        .rows
-        .clone()
-        .flat_map(|r| {
-            (0..task.heads.len()).map(move |h| Query {
-                row: r,
-                position: start + r,
-                at: r * shape.q_width + (first_head + h) * hd,
-            })
-        })
+    let stride = blocks[0].value_stride();
+    let mut states: Vec<Running> = (0..rows.len() * task_heads)
+        .map(|_| Running::new(stride))
         .collect();
-    let tiles: Vec<QueryTile> = queries
-        .chunks(ROWS)
-        .map(|chunk| {
-            let vectors: Vec<&[f32]> = chunk.iter().map(|x| &q[x.at..][..hd]).collect();
-            QueryTile::new(&vectors, key_dim, shape.scale)
-        })
-        .collect();
-    let mut states: Vec<Running> = (0..queries.len())
-        .map(|_| Running::new(value_dim))
-        .collect();
-    let mut multiplier = Multiplier::new(sums, value_dim);
-    let mut score_sums: Box<ScoreSums> = Box::new([[0; BLOCK]; ROWS]);
-    let mut value_sums = vec![0i32; ROWS * value_dim];
-    let mut weights = Box::new(WeightTile::new());
-    let mut scores = [0f32; BLOCK];
-    let last = start + task.rows.end - 1;
+    let mut scratch = [[0f32; BLOCK]; QUERIES];
+    let mut alive = Vec::with_capacity(states.len());
+    let last = start + rows.end - 1;
     for (b, block) in blocks[..=last / BLOCK].iter().enumerate() {
         let first = b * BLOCK;
-        let head = block.head(kv_head);
-        for (chunk, (tile, states)) in queries
-            .chunks(ROWS)
-            .zip(tiles.iter().zip(states.chunks_mut(ROWS)))
-        {
-            let valid: Vec<Option<Range<usize>>> = chunk
-                .iter()
-                .map(|x| shape.valid(x.position, first))
-                .collect();
-            if valid.iter().all(Option::is_none) {
+        alive.clear();
+        for r in rows.clone() {
+            let pos = start + r;
+            if pos < first {
                 continue;
             }
-            multiplier.scores(tile, &head, &mut score_sums);
-            for (i, (valid, state)) in valid.iter().zip(states.iter_mut()).enumerate() {
-                let Some(valid) = valid else {
-                    weights.clear_row(i);
-                    continue;
-                };
-                float_scores(&score_sums[i], head.key_scales, tile.factor[i], &mut scores);
-                soften(lanes, &mut scores, valid.clone(), shape.softcap, state);
-                weights.set_row(i, &scores, head.value_scales);
+            let end = (pos + 1 - first).min(BLOCK);
+            // A sliding layer's query skips the keys before its window
+            // (fixed by its position alone).
+            let skip = shape
+                .window
+                .map_or(0, |w| (pos + 1).saturating_sub(w).saturating_sub(first));
+            if skip >= end {
+                continue;
             }
-            for i in chunk.len()..ROWS {
-                weights.clear_row(i);
-            }
-            multiplier.values(&weights, &head, &mut value_sums);
-            for (i, (valid, state)) in valid.iter().zip(states.iter_mut()).enumerate() {
-                if valid.is_some() {
-                    add_values(
-                        &value_sums[i * value_dim..][..value_dim],
-                        weights.scale[i],
-                        &mut state.acc,
-                    );
-                }
+            for h in 0..task_heads {
+                alive.push(Alive {
+                    state: (r - rows.start) * task_heads + h,
+                    query: r * shape.q_width + (first_head + h) * hd,
+                    valid: skip..end,
+                });
             }
         }
+        let pass = Pass {
+            lanes,
+            keys: block.keys(kv_head),
+            values: block.values(kv_head),
+            stride,
+            shape,
+            q,
+        };
+        pass.run_all::<QUERIES, KV, DV>(&alive, &mut states, &mut scratch);
     }
-    debug_assert!(queries.iter().all(|x| x.row < task.rows.end));
     let mut out = Vec::with_capacity(states.len() * hd);
     for s in states {
         let inverse = 1.0 / s.sum;
         out.extend(s.acc[..hd].iter().map(|a| a * inverse));
     }
     out
+}
+
+/// One key block (one head's keys and values) folded into queries' states.
+struct Pass<'a, L> {
+    lanes: L,
+    keys: &'a [half::f16],
+    values: &'a [half::f16],
+    stride: usize,
+    shape: &'a Shape,
+    q: &'a [f32],
+}
+
+impl<L: Lanes> Pass<'_, L> {
+    /// Every alive query, `QUERIES` a pass.
+    #[inline(always)]
+    fn run_all<const QUERIES: usize, const KV: usize, const DV: usize>(
+        &self,
+        alive: &[Alive],
+        states: &mut [Running],
+        scratch: &mut [[f32; BLOCK]],
+    ) {
+        for group in alive.chunks(QUERIES) {
+            match group.len() {
+                1 => self.run::<1, KV, DV>(group, states, scratch),
+                2 => self.run::<2, KV, DV>(group, states, scratch),
+                3 => self.run::<3, KV, DV>(group, states, scratch),
+                4 => self.run::<4, KV, DV>(group, states, scratch),
+                5 => self.run::<5, KV, DV>(group, states, scratch),
+                _ => self.run::<6, KV, DV>(group, states, scratch),
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn run<const N: usize, const KV: usize, const DV: usize>(
+        &self,
+        group: &[Alive],
+        states: &mut [Running],
+        scratch: &mut [[f32; BLOCK]],
+    ) {
+        let hd = self.shape.head_dim;
+        let queries: [&[f32]; N] = std::array::from_fn(|n| &self.q[group[n].query..][..hd]);
+        let scratch: &mut [[f32; BLOCK]; N] = (&mut scratch[..N])
+            .try_into()
+            .expect("scratch for every query of a pass");
+        scores::<L, N, KV>(self.lanes, queries, self.keys, self.shape.scale, scratch);
+        let mut states = states
+            .get_disjoint_mut(std::array::from_fn::<usize, N, _>(|n| group[n].state))
+            .expect("one state per query");
+        for n in 0..N {
+            soften(
+                self.lanes,
+                &mut scratch[n],
+                group[n].valid.clone(),
+                self.shape.softcap,
+                states[n],
+            );
+        }
+        // Slots outside a query's own keys weigh exactly 0 and every stored
+        // value is finite, so taking them adds nothing to its sums.
+        let slots = group.iter().map(|a| a.valid.start).min().unwrap_or(0)
+            ..group.iter().map(|a| a.valid.end).max().unwrap_or(0);
+        accumulate::<L, N, DV>(
+            self.lanes,
+            scratch.each_ref(),
+            self.values,
+            self.stride,
+            slots,
+            states.each_mut().map(|s| s.acc.as_mut_slice()),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -1,25 +1,28 @@
-//! [`Lanes`] in AVX-512 (one register a vector) and in AVX2 with FMA
-//! (two). Each operation is the portable one's, lane for lane.
+//! [`Lanes`] in AVX-512 (one register a vector) and in AVX2 with FMA and
+//! F16C (two). Each operation is the portable one's, lane for lane.
 
 use super::lanes::{Lanes, EXP_HIGH, EXP_LOW, EXP_POLY, LN2_HIGH, LN2_LOW, LOG2E};
+use half::f16;
 use std::arch::x86_64::*;
 
 pub(crate) fn avx2_detected() -> bool {
-    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
 }
 
 pub(crate) fn avx512_detected() -> bool {
     is_x86_feature_detected!("avx512f")
 }
 
-/// AVX2 with FMA. Made only where [`avx2_detected`] holds, and
+/// AVX2 with FMA and F16C. Made only where [`avx2_detected`] holds, and
 /// used only inside functions compiled for those features.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Avx2(());
 
 impl Avx2 {
     /// # Safety
-    /// The CPU must run AVX2 and FMA.
+    /// The CPU must run AVX2, FMA and F16C.
     pub(crate) unsafe fn new() -> Avx2 {
         Avx2(())
     }
@@ -39,7 +42,7 @@ impl Avx512 {
 }
 
 // SAFETY (every `unsafe` block below): an `Avx2` exists only where the CPU
-// runs AVX2 and FMA, so their register operations are available;
+// runs AVX2, FMA and F16C, so their register operations are available;
 // loads and stores touch only what the callers guarantee.
 impl Lanes for Avx2 {
     type V = [__m256; 2];
@@ -60,11 +63,31 @@ impl Lanes for Avx2 {
         unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
     }
     #[inline(always)]
+    unsafe fn load_half(self, p: *const f16) -> Self::V {
+        // SAFETY: see the impl's note; the caller guarantees 16 halves.
+        unsafe {
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(8).cast())),
+            ]
+        }
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32, v: Self::V) {
         // SAFETY: see the impl's note; the caller guarantees 16 floats.
         unsafe {
             _mm256_storeu_ps(p, v[0]);
             _mm256_storeu_ps(p.add(8), v[1]);
+        }
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: see the impl's note.
+        unsafe {
+            [
+                _mm256_fmadd_ps(a[0], b[0], c[0]),
+                _mm256_fmadd_ps(a[1], b[1], c[1]),
+            ]
         }
     }
     #[inline(always)]
@@ -77,6 +100,11 @@ impl Lanes for Avx2 {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V {
         // SAFETY: see the impl's note.
         unsafe { [_mm256_sub_ps(a[0], b[0]), _mm256_sub_ps(a[1], b[1])] }
+    }
+    #[inline(always)]
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: see the impl's note.
+        unsafe { [_mm256_mul_ps(a[0], b[0]), _mm256_mul_ps(a[1], b[1])] }
     }
     #[inline(always)]
     fn max(self, a: Self::V, b: Self::V) -> Self::V {
@@ -147,9 +175,19 @@ impl Lanes for Avx512 {
         unsafe { _mm512_loadu_ps(p) }
     }
     #[inline(always)]
+    unsafe fn load_half(self, p: *const f16) -> Self::V {
+        // SAFETY: see the impl's note; the caller guarantees 16 halves.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32, v: Self::V) {
         // SAFETY: see the impl's note; the caller guarantees 16 floats.
         unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    fn mul_add(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        // SAFETY: see the impl's note.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
     fn add(self, a: Self::V, b: Self::V) -> Self::V {
@@ -160,6 +198,11 @@ impl Lanes for Avx512 {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V {
         // SAFETY: see the impl's note.
         unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
+        // SAFETY: see the impl's note.
+        unsafe { _mm512_mul_ps(a, b) }
     }
     #[inline(always)]
     fn max(self, a: Self::V, b: Self::V) -> Self::V {
