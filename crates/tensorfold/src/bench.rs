@@ -37,20 +37,12 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     let mut cells = Vec::new();
     for &depth in &args.prompt_depth {
         for &n in args.prompt.iter().filter(|&&n| n > 0) {
-            let test = match depth {
-                0 => format!("pp{n}"),
-                d => format!("pp{n}@d{d}"),
-            };
-            cells.push((test, n, 0, depth));
+            cells.push((cell_name("pp", n, depth), n, 0, depth));
         }
     }
     for &depth in &args.depth {
         for &n in args.decode.iter().filter(|&&n| n > 0) {
-            let test = match depth {
-                0 => format!("tg{n}"),
-                d => format!("tg{n}@d{d}"),
-            };
-            cells.push((test, 0, n, depth));
+            cells.push((cell_name("tg", n, depth), 0, n, depth));
         }
     }
     let mut failed = 0;
@@ -107,6 +99,14 @@ pub fn bench(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// llama-bench's name of a cell: `pp512`, `tg128@d8192`.
+fn cell_name(kind: &str, n: usize, depth: usize) -> String {
+    match depth {
+        0 => format!("{kind}{n}"),
+        d => format!("{kind}{n}@d{d}"),
+    }
+}
+
 /// Tokens/s of each repetition of one cell.
 fn time_cell(
     engine: &Engine,
@@ -118,13 +118,16 @@ fn time_cell(
 ) -> Result<Vec<f64>> {
     let mut samples = Vec::new();
     for rep in 0..repetitions {
-        // A fresh prompt each repetition: nothing is reused.
+        // A fresh prompt each repetition: nothing is reused but a prefill
+        // cell's own retained context.
         let seed = rep as u64 + 1;
         let rate = if n_gen == 0 && n_depth > 0 {
             // The context is prefilled and retained untimed; the timed
             // request extends it, so only the new tokens are prefilled.
             let mut tokens = random_tokens(vocab, n_depth, seed);
             retain(engine, tokens.clone())?;
+            // New tokens seeded by their count too: a longer cell over the
+            // same context must not find a shorter one's tokens retained.
             tokens.extend(random_tokens(
                 vocab,
                 n_prompt,
@@ -235,6 +238,7 @@ fn retain(engine: &Engine, tokens: Vec<u32>) -> Result<()> {
     generate_with(engine, tokens, 1, true).map(drop)
 }
 
+/// A greedy, serial request whose state is kept when `cache_prompt`.
 fn generate_with(
     engine: &Engine,
     tokens: Vec<u32>,
