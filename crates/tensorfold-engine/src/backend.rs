@@ -3,10 +3,13 @@
 //! [`Forward`] and keep the row invariant, so on either device drafted,
 //! batched and serial replies are the same bytes. The two devices' bits
 //! differ from each other (different kernels): each device's serial decode
-//! is its own reference. Drafters stay on the CPU; they only propose.
+//! is its own reference. A draft model runs beside the target: on its
+//! CUDA GPU when the target is there, else on the CPU ([`PlacedModel`]).
+//! Context drafters stay on the CPU; drafters only propose.
 
 use crate::EngineError;
 use std::str::FromStr;
+use std::sync::Arc;
 use tensorfold_kv::{Cache, KvCache};
 use tensorfold_models::{Forward, ForwardError, Model, Seq};
 use tensorfold_sampling::{Draw, SeqRows};
@@ -104,6 +107,25 @@ impl Device {
         ))
     }
 
+    /// Where a draft model runs beside a target on this device: the same
+    /// CUDA GPU when its weights upload there, so drafting moves no logits
+    /// across the bus; the CPU otherwise (beside a Metal or CPU target,
+    /// and after a refused upload, with a warning: the CPU drafts any model,
+    /// and a draft only proposes, so where it runs never changes a reply).
+    pub(crate) fn for_draft(&self, draft: &Model) -> Device {
+        match self {
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) => Device::cuda(draft).unwrap_or_else(|e| {
+                tracing::warn!("the draft model runs on the CPU: {e}");
+                Device::Cpu
+            }),
+            _ => {
+                let _ = draft;
+                Device::Cpu
+            }
+        }
+    }
+
     /// `cpu`, `cuda:0 (device name)` or `metal`.
     pub(crate) fn name(&self) -> String {
         match self {
@@ -150,6 +172,18 @@ impl Device {
             return m.cache_bytes_per_position();
         }
         model.config.kv_shape().bytes_per_position()
+    }
+
+    /// An empty cache for one sequence: it allocates nothing until it
+    /// grows, so it cannot fail.
+    pub(crate) fn empty_cache(&self, model: &Model) -> DeviceCache {
+        match self {
+            Device::Cpu => DeviceCache::Cpu(KvCache::new(model.config.kv_shape())),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(m) => DeviceCache::Cuda(m.new_cache()),
+            #[cfg(target_os = "macos")]
+            Device::Metal(m) => DeviceCache::Metal(m.new_cache()),
+        }
     }
 
     /// An empty cache for one sequence, with room for `positions`.
@@ -244,10 +278,46 @@ impl DeviceCache {
     }
 }
 
-/// The target's forward on its device.
+/// A model's forward on its device: the target's, or a placed draft's.
 pub(crate) struct Target<'a> {
     pub model: &'a Model,
     pub device: &'a Device,
+}
+
+/// A model and the device it runs on, owned together: what a draft model
+/// is once the engine has placed it beside the target (see
+/// [`Device::for_draft`]). Every request's drafter holds an `Arc` of it
+/// with its own cache on that device, and drives the same [`Forward`] as
+/// the target through [`PlacedModel::forward`].
+pub(crate) struct PlacedModel {
+    /// The weights as loaded on the host: kept so the model can be placed
+    /// again when the target moves.
+    pub model: Arc<Model>,
+    pub device: Device,
+}
+
+impl PlacedModel {
+    /// `model` on the device that suits a target on `target`.
+    pub(crate) fn beside(model: Arc<Model>, target: &Device) -> PlacedModel {
+        let device = target.for_draft(&model);
+        PlacedModel { model, device }
+    }
+
+    pub(crate) fn forward(&self) -> Target<'_> {
+        Target {
+            model: &self.model,
+            device: &self.device,
+        }
+    }
+
+    /// Bytes a cache of this model takes per position on its device.
+    pub(crate) fn cache_bytes_per_position(&self) -> usize {
+        self.device.cache_bytes_per_position(&self.model)
+    }
+
+    pub(crate) fn empty_cache(&self) -> DeviceCache {
+        self.device.empty_cache(&self.model)
+    }
 }
 
 impl Forward for Target<'_> {

@@ -1,6 +1,6 @@
 //! Loading, prompt preparation and serial generation.
 
-use crate::backend::{BackendChoice, Device, DeviceCache, Target};
+use crate::backend::{BackendChoice, Device, DeviceCache, PlacedModel, Target};
 use crate::batch::Batch;
 use crate::draft_model::{check_pair, DraftModel, DraftPairError};
 use crate::grammar::{Compiler, Grammar, GrammarSpec};
@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tensorfold_models::{Bundle, Model, ModelConfig, ModelError};
+use tensorfold_models::{Bundle, ModelConfig, ModelError};
 use tensorfold_scheduler::memory::{self, BudgetError, MemoryBudget};
 use tensorfold_scheduler::{MAX_DEPTH, MIN_PREFILL, PREFILL_CHUNK};
 use tensorfold_spec::{AutoDrafter, ContextConfig, ContextDrafter, DraftStats, Drafter};
@@ -202,7 +202,8 @@ pub struct Engine {
     device_memory: Option<(usize, usize)>,
     template: Option<ChatTemplate>,
     drafter: DrafterChoice,
-    draft_model: Option<Arc<Model>>,
+    /// The draft model, on the target's GPU or on the CPU.
+    draft_model: Option<Arc<PlacedModel>>,
     parallel: Parallel,
     decode_share: f64,
     /// The window asked for (`None`: the largest that fits).
@@ -266,13 +267,17 @@ impl Engine {
     }
 
     /// Recomputes the budget and window: the process's resident memory
-    /// once loaded (weights, runtime) plus the forward's workspace are
-    /// fixed; the rest holds caches.
+    /// once loaded (weights, runtime) plus the forwards' workspaces are
+    /// fixed; the rest holds caches (each stream's target and draft caches,
+    /// each at its own device's bytes per position).
     fn size_memory(&mut self) -> Result<(), EngineError> {
         let config = &self.bundle.model.config;
         let mut per_position = self.device.cache_bytes_per_position(&self.bundle.model);
+        let mut draft_workspace = 0;
         if let Some(d) = &self.draft_model {
-            per_position += d.config.kv_shape().bytes_per_position();
+            per_position += d.cache_bytes_per_position();
+            // A drafter runs one sequence, at most a prefill chunk at a time.
+            draft_workspace = workspace_bytes(&d.model.config, PREFILL_CHUNK);
         }
         let rows = PREFILL_CHUNK + self.max_streams() * (1 + MAX_DEPTH);
         // On a GPU the budget is the GPU's memory; the host holds only what
@@ -286,7 +291,7 @@ impl Engine {
                 Some(l) => l,
                 None => limit?,
             },
-            fixed: loaded + workspace_bytes(config, rows),
+            fixed: loaded + workspace_bytes(config, rows) + draft_workspace,
             per_position,
         };
         let window = memory.window(self.asked_context, config.max_positions)?;
@@ -318,16 +323,24 @@ impl Engine {
 
     /// Moves the target's forward to the device `choice` names (the CPU
     /// unless this is called) and resizes the budget and window for it.
+    /// A draft model moves with it (see [`Engine::set_draft_model`]).
     /// Retained prompt states are dropped. Returns the device's name.
     pub fn set_backend(&mut self, choice: BackendChoice) -> Result<String, EngineError> {
         let device = Device::open(choice, &self.bundle.model)?;
+        // Placed before the GPU's memory in use is read, so that its
+        // weights count as loaded.
+        let draft_model = self
+            .draft_model
+            .as_ref()
+            .map(|d| Arc::new(PlacedModel::beside(d.model.clone(), &device)));
         let device_memory = device.device_memory().transpose()?;
         let before = (
             std::mem::replace(&mut self.device, device),
             std::mem::replace(&mut self.device_memory, device_memory),
+            std::mem::replace(&mut self.draft_model, draft_model),
         );
         if let Err(e) = self.size_memory() {
-            (self.device, self.device_memory) = before;
+            (self.device, self.device_memory, self.draft_model) = before;
             return Err(e);
         }
         *self.prefix_cache() = PrefixCache::new(0, self.checkpoint_slots);
@@ -473,25 +486,54 @@ impl Engine {
         self.drafter
     }
 
-    /// Loads a draft model; refuses one whose tokenizer differs from the target's.
+    /// Loads a draft model; refuses one whose tokenizer differs from the
+    /// target's. It runs on the target's CUDA GPU when the target is there
+    /// and its weights upload (each request's drafter with its own cache on
+    /// the GPU), else on the CPU. Call it before serving: the budget counts
+    /// the GPU's memory in use once the draft is on it.
     pub fn set_draft_model(&mut self, path: &Path) -> Result<(), EngineError> {
         let draft = tensorfold_models::load(path)?;
         check_pair(
             &self.bundle.tokenizer.get_vocab(true).into_iter().collect(),
             &draft.tokenizer.get_vocab(true).into_iter().collect(),
         )?;
-        self.draft_model = Some(Arc::new(draft.model));
+        // The previous draft's weights are released first, so that the
+        // memory read below counts only this one's.
+        self.draft_model = None;
+        let placed = PlacedModel::beside(Arc::new(draft.model), &self.device);
+        self.draft_model = Some(Arc::new(placed));
+        let sized = self.read_loaded_memory().and_then(|()| self.size_memory());
+        if sized.is_err() {
+            // The engine serves on without a draft model, sized for that.
+            self.draft_model = None;
+            if self.read_loaded_memory().is_ok() {
+                let _ = self.size_memory();
+            }
+        }
+        sized
+    }
+
+    /// Reads what the loaded weights take: the GPU's memory in use on a
+    /// GPU, the process's resident memory on the host.
+    fn read_loaded_memory(&mut self) -> Result<(), EngineError> {
+        self.device_memory = self.device.device_memory().transpose()?;
         self.loaded_resident = memory::resident().0;
-        self.size_memory()
+        Ok(())
+    }
+
+    /// Where the draft model runs: `cpu` or `cuda:0 (name)`; `None`
+    /// without a draft model.
+    pub fn draft_backend(&self) -> Option<String> {
+        self.draft_model.as_ref().map(|d| d.device.name())
     }
 
     pub(crate) fn make_drafter(&self) -> Option<Box<dyn Drafter>> {
         let context =
             || Box::new(ContextDrafter::new(ContextConfig::default())) as Box<dyn Drafter>;
         let model = || {
-            self.draft_model.as_ref().map(|m| {
+            self.draft_model.as_ref().map(|d| {
                 let target_vocab = self.bundle.model.config.vocab_size;
-                Box::new(DraftModel::new(m.clone(), target_vocab)) as Box<dyn Drafter>
+                Box::new(DraftModel::placed(d.clone(), target_vocab)) as Box<dyn Drafter>
             })
         };
         match self.drafter {

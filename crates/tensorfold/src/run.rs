@@ -53,6 +53,9 @@ pub fn load_engine(
             DrafterChoice::Model
         }
     };
+    if let Some(device) = engine.draft_backend() {
+        tracing::info!("draft model runs on {device}");
+    }
     engine.set_drafter(choice)?;
     engine.set_context(context)?;
     Ok(engine)
