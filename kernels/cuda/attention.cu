@@ -75,10 +75,11 @@ __device__ __forceinline__ float tf_tc_fold_value(float o, float v, float2 ac) {
 
 // Starts copying `keys` rows of HD halves (`stride` halves apart, from
 // `src`) into rows of HD + 8 halves at `stage`; rows past `keys` are
-// zeroed so that masked keys multiply as zeros. Then waits for them and
-// for the warp.
+// zeroed so that masked keys multiply as zeros. `tf_tc_staged` waits for
+// them and for the warp.
 template <int HD>
-__device__ __forceinline__ void tf_tc_stage(__half* stage, const __half* src, size_t stride, int keys, int lane) {
+__device__ __forceinline__ void tf_tc_stage_start(__half* stage, const __half* src, size_t stride, int keys,
+                                                  int lane) {
     constexpr int Q8 = HD / 8, KS = HD + TF_TC_PAD;
     const uint32_t to = tf_shared_addr(stage);
 #pragma unroll 8
@@ -90,6 +91,8 @@ __device__ __forceinline__ void tf_tc_stage(__half* stage, const __half* src, si
             *reinterpret_cast<uint4*>(stage + j * KS + d) = make_uint4(0, 0, 0, 0);
     }
     tf_cp_commit();
+}
+__device__ __forceinline__ void tf_tc_staged() {
     tf_cp_wait<0>();
     __syncwarp();
 }
@@ -165,7 +168,8 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
 #pragma unroll
                 for (int e = 0; e < 2; e++) valid[e] = (int)max(0LL, min((long long)TF_TC_KEYS, n[e] - b0));
 
-                tf_tc_stage<HD>(stage, K + (size_t)b0 * kvw, kvw, keys, lane);
+                tf_tc_stage_start<HD>(stage, K + (size_t)b0 * kvw, kvw, keys, lane);
+                tf_tc_staged();
                 float s[8][4] = {};
 #pragma unroll
                 for (int j = 0; j < 8; j++)
@@ -178,6 +182,10 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                                                *reinterpret_cast<const uint32_t*>(kr + 8)};
                         tf_mma(s[j], qa[kk], b);
                     }
+                // The keys are in registers now: the values' copies start
+                // over them and land while the weights are computed.
+                __syncwarp();
+                tf_tc_stage_start<HD>(stage, V + (size_t)b0 * kvw, kvw, keys, lane);
                 // Scores, the block's max and weights, slot by slot.
                 float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -216,8 +224,7 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
                     pa[kk][2] = tf_h2_of(s[2 * kk + 1][0], s[2 * kk + 1][1]);
                     pa[kk][3] = tf_h2_of(s[2 * kk + 1][2], s[2 * kk + 1][3]);
                 }
-                __syncwarp();  // every lane is done with the keys
-                tf_tc_stage<HD>(stage, V + (size_t)b0 * kvw, kvw, keys, lane);
+                tf_tc_staged();
                 // Where slot e's partial goes in the split form: its own
                 // row of HD values, then the maximum and the sum (none for
                 // a slot with no key in this block).
@@ -314,24 +321,69 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
 // One slot's output from its partials in the split form: the fold of
 // `attention_tc` in the same block order, then the same division. A block
 // is (row, head) of the grid; thread d keeps output column d.
+//
+// The fold's steps take the running maximum, which is a prefix maximum of
+// the blocks' maxima: exact, so it is found for a chunk of blocks at once
+// (a scan), and each block's two factors with it, each from the same
+// operands as in `tf_tc_fold_step`. What stays serial per column is one
+// multiply and one multiply-add a block, over values loaded all at once.
+#define TF_FOLD_CHUNK 64
 template <int HD>
 __device__ __forceinline__ void tf_attention_fold(const float* __restrict__ part, int part_blocks, int heads,
                                                   const long long* row_pos, float* out, uint32_t* out16) {
+    constexpr int MINE = (TF_FOLD_CHUNK + HD - 1) / HD;  // chunk entries a thread scans
+    __shared__ float block_max[TF_FOLD_CHUNK], maxima[TF_FOLD_CHUNK];
+    __shared__ float2 factors[TF_FOLD_CHUNK];
+    __shared__ float sums[TF_FOLD_CHUNK];
     const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
-    const long long blocks = (row_pos[row] + TF_TC_KEYS) / TF_TC_KEYS;
+    const int blocks = (int)((row_pos[row] + TF_TC_KEYS) / TF_TC_KEYS);
     const float* p = part + ((size_t)row * heads + head) * part_blocks * (HD + 2);
     float m = -INFINITY, l = 0.f, o = 0.f;
-#pragma unroll 8
-    for (long long b = 0; b < blocks; b++) {
-        const float* pb = p + b * (HD + 2);
-        const float2 ac = tf_tc_fold_step(m, l, pb[HD], pb[HD + 1]);
-        o = tf_tc_fold_value(o, pb[d], ac);
+    for (int c0 = 0; c0 < blocks; c0 += TF_FOLD_CHUNK) {
+        const int n = min(TF_FOLD_CHUNK, blocks - c0);
+        float v[TF_FOLD_CHUNK];
+#pragma unroll
+        for (int i = 0; i < TF_FOLD_CHUNK; i++)
+            if (i < n) v[i] = p[(size_t)(c0 + i) * (HD + 2) + d];
+        __syncthreads();  // the last chunk's factors are read
+        for (int i = d; i < TF_FOLD_CHUNK; i += HD) {
+            const float* pb = p + (size_t)(c0 + i) * (HD + 2);
+            block_max[i] = maxima[i] = i < n ? pb[HD] : -INFINITY;
+            sums[i] = i < n ? pb[HD + 1] : 0.f;
+        }
+        __syncthreads();
+        // Inclusive prefix maxima, from the running maximum (exact in any
+        // order).
+        float mine[MINE];
+        for (int step = 1; step < TF_FOLD_CHUNK; step *= 2) {
+            for (int k = 0, i = d; i < TF_FOLD_CHUNK; k++, i += HD)
+                mine[k] = i >= step ? fmaxf(maxima[i], maxima[i - step]) : maxima[i];
+            __syncthreads();
+            for (int k = 0, i = d; i < TF_FOLD_CHUNK; k++, i += HD) maxima[i] = mine[k];
+            __syncthreads();
+        }
+        for (int i = d; i < n; i += HD) {
+            const float before = i == 0 ? m : fmaxf(m, maxima[i - 1]);
+            const float after = fmaxf(m, maxima[i]);
+            factors[i] = make_float2(before == -INFINITY ? 0.f : expf(__fsub_rn(before, after)),
+                                     expf(__fsub_rn(block_max[i], after)));
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < TF_FOLD_CHUNK; i++) {
+            if (i < n) {
+                const float2 ac = factors[i];
+                l = __fmaf_rn(sums[i], ac.y, __fmul_rn(l, ac.x));
+                o = tf_tc_fold_value(o, v[i], ac);
+            }
+        }
+        m = fmaxf(m, maxima[n - 1]);
     }
     const float inv = 1.0f / l;
-    const float v = __fmul_rn(o, inv);
+    const float val = __fmul_rn(o, inv);
     const int c = head * HD + d;
-    out[(size_t)row * heads * HD + c] = v;
-    if (out16) tf_store_h16_one(out16 + (size_t)row * (heads * HD / 2), c, v);
+    out[(size_t)row * heads * HD + c] = val;
+    if (out16) tf_store_h16_one(out16 + (size_t)row * (heads * HD / 2), c, val);
 }
 
 // The arguments of ops.cu's `attention` (`hd` is the kernel's own HD),

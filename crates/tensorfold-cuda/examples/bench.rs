@@ -407,6 +407,13 @@ fn profile(g: &CudaModel, toks: &[u32]) {
         g.forward(&[*t], &mut kv, Logits::Last).unwrap();
     }
     show("16 decode steps", g.finish_profile().unwrap());
+    let mut kv = g.new_cache();
+    prefill(g, &mut kv, &toks[..8176], 256);
+    g.start_profile();
+    for t in &toks[8176..8192] {
+        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    }
+    show("16 decode steps at 8176", g.finish_profile().unwrap());
     let mut caches: Vec<CudaKv> = (0..16).map(|_| g.new_cache()).collect();
     for (i, kv) in caches.iter_mut().enumerate() {
         prefill(g, kv, &toks[i * 128..(i + 1) * 128], 256);
