@@ -6,7 +6,7 @@
 
 use crate::CudaError;
 use cudarc::driver::sys;
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig};
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
@@ -76,4 +76,16 @@ impl<'a> Launch<'a> {
         .result()?;
         Ok(())
     }
+}
+
+/// The device address of `s`, for a kernel argument.
+pub(crate) fn ptr<T>(s: &CudaSlice<T>, stream: &CudaStream) -> u64 {
+    // Event tracking is off and one stream does all the work, so the guard
+    // has nothing to record.
+    s.device_ptr(stream).0
+}
+
+/// The device address of `s`, or 0 (null) for none.
+pub(crate) fn opt_ptr<T>(s: &Option<CudaSlice<T>>, stream: &CudaStream) -> u64 {
+    s.as_ref().map_or(0, |s| ptr(s, stream))
 }

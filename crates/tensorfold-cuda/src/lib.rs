@@ -23,18 +23,28 @@
 #[cfg(feature = "cuda")]
 mod attention;
 #[cfg(feature = "cuda")]
+mod attention_f32;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod kernels;
+#[cfg(feature = "cuda")]
+mod kv;
+#[cfg(feature = "cuda")]
 mod launch;
+#[cfg(feature = "cuda")]
+mod matmul;
 #[cfg(feature = "cuda")]
 mod pinned;
 #[cfg(feature = "cuda")]
 mod sampling;
 
 #[cfg(feature = "cuda")]
-pub use device::{
-    measure_copy_bandwidth, CudaKv, CudaModel, FewRowGrid, KernelTime, MatmulKernels,
-};
+pub use device::{measure_copy_bandwidth, CudaModel, KernelTime};
+#[cfg(feature = "cuda")]
+pub use kv::CudaKv;
+#[cfg(feature = "cuda")]
+pub use matmul::{FewRowGrid, MatmulKernels};
 #[cfg(feature = "cuda")]
 pub use sampling::{DevicePicker, RowDraw};
 pub use tensorfold_sampling::{Draw, SeqRows};
