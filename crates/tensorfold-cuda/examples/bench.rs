@@ -400,20 +400,19 @@ fn profile(g: &CudaModel, toks: &[u32]) {
             );
         }
     };
-    let mut kv = g.new_cache();
-    prefill(g, &mut kv, &toks[..128], 256);
-    g.start_profile();
-    for t in &toks[128..144] {
-        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+    // 16 decode steps after a short prompt, then at depth (the split attention).
+    for depth in [128, 8176] {
+        let mut kv = g.new_cache();
+        prefill(g, &mut kv, &toks[..depth], 256);
+        g.start_profile();
+        for t in &toks[depth..depth + 16] {
+            g.forward(&[*t], &mut kv, Logits::Last).unwrap();
+        }
+        show(
+            &format!("16 decode steps at {depth}"),
+            g.finish_profile().unwrap(),
+        );
     }
-    show("16 decode steps", g.finish_profile().unwrap());
-    let mut kv = g.new_cache();
-    prefill(g, &mut kv, &toks[..8176], 256);
-    g.start_profile();
-    for t in &toks[8176..8192] {
-        g.forward(&[*t], &mut kv, Logits::Last).unwrap();
-    }
-    show("16 decode steps at 8176", g.finish_profile().unwrap());
     let mut caches: Vec<CudaKv> = (0..16).map(|_| g.new_cache()).collect();
     for (i, kv) in caches.iter_mut().enumerate() {
         prefill(g, kv, &toks[i * 128..(i + 1) * 128], 256);
