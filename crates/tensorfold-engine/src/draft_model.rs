@@ -181,8 +181,13 @@ mod tests {
     use tensorfold_models::{Arch, Format};
 
     fn tiny_model() -> Arc<Model> {
-        let path =
-            std::env::temp_dir().join(format!("tensorfold-draft-{}.gguf", std::process::id()));
+        // A file per call: tests run in parallel in one process.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "tensorfold-draft-{}-{call}.gguf",
+            std::process::id()
+        ));
         write_gguf(&path, &SynthSpec::tiny(Arch::Llama, Format::F32, 11)).unwrap();
         let model = tensorfold_models::load(&path).unwrap().model;
         let _ = std::fs::remove_file(&path);
