@@ -10,9 +10,9 @@ are tiny)."""
 import numpy as np
 
 
-def greedy(path, family, prompt, n):
-    """`n` greedy tokens after `prompt` (argmax, ties to the lower id)."""
-    model = Llama(path, family)
+def greedy(model, prompt, n):
+    """`n` greedy tokens of `model` (a `Llama`) after `prompt` (argmax,
+    ties to the lower id)."""
     tokens = list(prompt)
     for _ in range(n):
         tokens.append(int(np.argmax(model.last_logits(tokens))))

@@ -185,9 +185,10 @@ def arbitrate(model, family, ps, ours, theirs, n):
     if not f64_reference.supports(family):
         return {}
     counts = {"tensorfold": 0, "llama.cpp": 0, "neither": 0}
+    reference = f64_reference.Llama(model, family)
     for p, x, y in zip(ps, ours, theirs):
         if x != y:
-            exact = f64_reference.greedy(model, family, p, n)
+            exact = f64_reference.greedy(reference, p, n)
             counts["tensorfold" if exact == x else "llama.cpp" if exact == y else "neither"] += 1
     return counts
 

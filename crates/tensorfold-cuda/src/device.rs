@@ -16,7 +16,7 @@ use crate::matmul::{
 };
 use crate::pinned::pinned;
 use crate::sampling::{PickBufs, RowDraw, SampleKernel};
-use crate::CudaError;
+use crate::{CudaError, Result};
 use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
@@ -28,8 +28,6 @@ use std::sync::{Arc, Mutex};
 use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::{Encoding, Format, Matrix, Storage};
 use tensorfold_sampling::{Draw, SeqRows};
-
-type Result<T> = std::result::Result<T, CudaError>;
 
 /// How a product lands in its output (`TF_OUT_*` in tensor.cu).
 #[derive(Clone, Copy)]

@@ -7,7 +7,7 @@ use crate::matmul::{
     few_kernel, many_shared, many_tile, staged_tile, FewRowGrid, MatmulKernels, FEW_SHARED_MAX,
     FEW_TILES, FORMATS, TILES,
 };
-use crate::CudaError;
+use crate::Result;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
@@ -18,8 +18,6 @@ pub(crate) static TENSOR_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/
 pub(crate) static OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
 pub(crate) static ATTENTION_BIN: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
-
-type Result<T> = std::result::Result<T, CudaError>;
 
 /// `TENSORFOLD_CUDA_EARLY_LAUNCH=0` keeps every kernel from starting before
 /// the previous one ends; anything else (or nothing) lets them, on GPUs

@@ -2,11 +2,9 @@
 //! layer-major, grown by copying and rolled back by truncation.
 
 use crate::launch::ptr;
-use crate::CudaError;
+use crate::Result;
 use cudarc::driver::{CudaSlice, CudaStream};
 use std::sync::Arc;
-
-type Result<T> = std::result::Result<T, CudaError>;
 
 /// Bytes of one cached key or value element: f16 bits.
 pub(crate) const KV_BYTES: usize = 2;

@@ -57,6 +57,10 @@ pub fn attention_on_tensor_cores(head_dim: usize) -> bool {
     attention::kernels(head_dim).is_some()
 }
 
+/// What the device-side modules return.
+#[cfg(feature = "cuda")]
+type Result<T> = std::result::Result<T, CudaError>;
+
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
 pub enum CudaError {

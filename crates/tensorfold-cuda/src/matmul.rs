@@ -4,10 +4,8 @@
 //! bits: every kernel computes each output in the order the weight shape
 //! fixes.
 
-use crate::CudaError;
+use crate::{CudaError, Result};
 use tensorfold_quant::{Encoding, Format};
-
-type Result<T> = std::result::Result<T, CudaError>;
 
 /// Kernel names of each format, in the order of the codes in
 /// `kernels/cuda/common.cuh`.

@@ -6,7 +6,7 @@
 
 use crate::launch::Launch;
 use crate::pinned::pinned;
-use crate::CudaError;
+use crate::{CudaError, Result};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
     PinnedHostSlice,
@@ -16,8 +16,6 @@ use std::sync::Arc;
 use tensorfold_sampling::Draw;
 
 static SAMPLING_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/sampling.fatbin"));
-
-type Result<T> = std::result::Result<T, CudaError>;
 
 /// Threads of the kernel's block: the rule's summation lanes.
 const LANES: u32 = tensorfold_sampling::lanes::LANES as u32;
