@@ -109,6 +109,17 @@ fn fuzz_one(fuzz: &Path, target_dir: &Path, target: &'static str, seconds: u64) 
     let corpus_arg = corpus.to_string_lossy();
     let seeds_arg = seeds.to_string_lossy();
     let max_time = format!("-max_total_time={seconds}");
+    // Built first, so that a build that fails (a full disk, a toolchain
+    // problem) is told apart from a crash the fuzzer found.
+    let built = Command::new("cargo")
+        .current_dir(fuzz)
+        .args(["+nightly", "fuzz", "build", "--sanitizer", "none"])
+        .args(["--target-dir", &target_dir, target])
+        .status()
+        .with_context(|| format!("running cargo fuzz build for {target}"))?;
+    if !built.success() {
+        bail!("building the fuzz target {target} failed (see the compiler's output above)");
+    }
     println!("fuzzing {target} for {seconds} s");
     // Safe Rust needs no address sanitizer: the targets look for panics,
     // aborts, timeouts and runaway memory, with debug assertions on.
