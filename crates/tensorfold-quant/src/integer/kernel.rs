@@ -2,6 +2,7 @@
 //! the one order every path computes (see [`reference`]).
 
 use super::activations::QuantizedRows;
+use super::lanes::RowSpans;
 use super::unpack::{Layout, Packing, UnpackedRows};
 use super::wide::{Inputs, Weights};
 use super::{BLOCK, HALF};
@@ -15,6 +16,14 @@ const SPAN: usize = SUMS / 2;
 /// Input rows one kernel call takes at most (its registers' worth), on
 /// every instruction set.
 pub(crate) const MAX_ROWS: usize = 2;
+
+/// Input rows the few-row AVX-512 kernel takes at most in a call: its
+/// running sums are one register a row, and each weight span it puts in
+/// lanes serves them all. Nine: a stream's longest verify window (eight
+/// drafts and the row after them) in one call. (One row alone runs the
+/// kernel that sums each dot's lanes instead: with one dot a span, putting
+/// the span in lanes saves nothing.)
+pub(crate) const LANE_ROWS: usize = 9;
 
 /// Input rows from which the wide kernel runs: below, unpacking the tile
 /// and the inputs' pair terms costs more than it saves.
@@ -48,6 +57,7 @@ impl Isa {
             if avx2
                 && is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx512vnni")
             {
                 all.push(Isa::Avx512Vnni);
@@ -67,6 +77,22 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => true,
             _ => false,
+        }
+    }
+
+    /// Whether the kernel for two rows and more reads its inputs in lanes
+    /// (see [`super::lanes`]), laid out once a call.
+    pub fn reads_in_lanes(self) -> bool {
+        self.reads_packed()
+    }
+
+    /// Input rows a kernel call takes at most, with the wide kernel or
+    /// without.
+    pub fn rows_per_call(self, wide: bool) -> usize {
+        if self.reads_in_lanes() && !wide {
+            LANE_ROWS
+        } else {
+            MAX_ROWS
         }
     }
 
@@ -104,6 +130,7 @@ impl Isa {
                 if avx2
                     && is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512vnni")
                 {
                     return Isa::Avx512Vnni;
@@ -134,6 +161,10 @@ pub(crate) struct Operands<'a> {
     /// The call's inputs and the tile's weights as the wide kernel's
     /// records, where it runs.
     pub wide: Option<(&'a Inputs, &'a Weights)>,
+    /// The call's inputs in lanes, for the AVX-512 kernel of two rows and
+    /// more.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub lanes: Option<&'a RowSpans>,
 }
 
 /// Weight values as `packing` lays them out: block `b` of row `j` starts at
@@ -267,23 +298,32 @@ pub(crate) fn dots<const R: usize, const W: usize>(
         // SAFETY: `Isa::Neon` is only detected where the dot product runs.
         Isa::Neon => unsafe { neon::main::<R, W>(ops) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Isa::Avx512Vnni` only where AVX-512 F/BW/VNNI run.
+        // SAFETY: `Isa::Avx512Vnni` only where AVX-512 F/BW/VL/VNNI run.
         Isa::Avx512Vnni => unsafe {
-            match (ops.wide, ops.values.packing) {
+            // `$kernel` for the values' packing.
+            macro_rules! by_packing {
+                ($kernel:ident) => {
+                    match ops.values.packing {
+                        Packing::Bytes => avx512::$kernel::<R, W, { avx512::BYTES }>(ops),
+                        Packing::Nibbles { fifth: None, .. } => {
+                            avx512::$kernel::<R, W, { avx512::NIBBLES }>(ops)
+                        }
+                        Packing::Nibbles { fifth: Some(_), .. } => {
+                            avx512::$kernel::<R, W, { avx512::FIFTH_BITS }>(ops)
+                        }
+                        Packing::KNibbles => avx512::$kernel::<R, W, { avx512::K_NIBBLES }>(ops),
+                        Packing::SixBits => avx512::$kernel::<R, W, { avx512::SIX_BITS }>(ops),
+                    }
+                };
+            }
+            match (ops.wide, ops.lanes) {
                 (Some((inputs, weights)), _) => avx512::wide::<R, W>(
                     inputs.group(ops.r0),
                     weights.rows_from(ops.j0),
                     inputs.blocks,
                 ),
-                (None, Packing::Bytes) => avx512::main::<R, W, { avx512::BYTES }>(ops),
-                (None, Packing::Nibbles { fifth: None, .. }) => {
-                    avx512::main::<R, W, { avx512::NIBBLES }>(ops)
-                }
-                (None, Packing::Nibbles { fifth: Some(_), .. }) => {
-                    avx512::main::<R, W, { avx512::FIFTH_BITS }>(ops)
-                }
-                (None, Packing::KNibbles) => avx512::main::<R, W, { avx512::K_NIBBLES }>(ops),
-                (None, Packing::SixBits) => avx512::main::<R, W, { avx512::SIX_BITS }>(ops),
+                (None, Some(_)) if R > 1 => by_packing!(few_rows),
+                _ => by_packing!(main),
             }
         },
     };
@@ -485,6 +525,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
+    use super::super::lanes::{in_lanes, RowSpan};
     use super::super::wide::{InputSpan, WeightSpan, ROWS};
     use super::super::TILE;
     use super::{Operands, Packing, Rows, BLOCK, SPAN};
@@ -498,6 +539,10 @@ mod avx512 {
     pub const FIFTH_BITS: u8 = 2;
     pub const K_NIBBLES: u8 = 3;
     pub const SIX_BITS: u8 = 4;
+
+    /// Spans of a chunk in [`main`]: the inputs' records of up to
+    /// [`super::LANE_ROWS`] rows (384 bytes a span and row) in the L1 cache.
+    const CHUNK_SPANS: usize = 8;
 
     /// The integer and float parts of [`super::reference`] for `R x W`
     /// dots, a span of eight blocks at a time: one register holds the
@@ -764,6 +809,333 @@ mod avx512 {
         )
     }
 
+    /// The integer and float parts of [`super::reference`] for `R x W`
+    /// dots, a span of eight blocks at a time, in the lane layout (see
+    /// [`lanes`](super::super::lanes)): the input rows come laid out once
+    /// a call, and a weight row's span is put in lanes in registers,
+    /// straight from the GGUF bytes, once for all `R` input rows. Then four
+    /// `dpbusd` give a dot's sixteen half-block sums, and one multiply and
+    /// one fused multiply-add put them in its running sums: no shuffles
+    /// per dot. VNNI's `dpbusd` multiplies unsigned by signed bytes, so the
+    /// weights enter as unsigned values (the signed ones plus the packing's
+    /// offset) and each half block starts from `-offset *` its inputs' sum.
+    /// The integer sums, and so the bits, are those of the unpacked values.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI must be available, and `MODE` must match the
+    /// values' packing.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+    pub(super) unsafe fn few_rows<const R: usize, const W: usize, const MODE: u8>(
+        ops: &Operands,
+    ) -> [[f32; W]; R] {
+        let rows = Rows::new(ops, R, W);
+        let Rows {
+            w,
+            row_stride,
+            block_stride,
+            half_scales,
+            blocks,
+            packing,
+            ahead,
+            ..
+        } = rows;
+        let spans = blocks.div_ceil(SPAN);
+        let in_lanes_inputs = ops
+            .lanes
+            .expect("laid out for every call of two rows and more");
+        let mut inputs: [&[RowSpan]; R] = [&[]; R];
+        for (r, input) in inputs.iter_mut().enumerate() {
+            *input = in_lanes_inputs.row(ops.r0 + r);
+            assert_eq!(input.len(), spans);
+        }
+        let (qs, fifth) = match packing {
+            Packing::Nibbles { qs, fifth, .. } => (qs, fifth.unwrap_or(0)),
+            _ => (0, 0),
+        };
+        let mode = match packing {
+            Packing::Bytes => BYTES,
+            Packing::Nibbles { fifth: None, .. } => NIBBLES,
+            Packing::Nibbles { fifth: Some(_), .. } => FIFTH_BITS,
+            Packing::KNibbles => K_NIBBLES,
+            Packing::SixBits => SIX_BITS,
+        };
+        assert_eq!(mode, MODE, "the kernel's mode is the values' packing");
+        let zero = _mm512_setzero_si512();
+        let low_nibbles = _mm512_set1_epi8(0x0F);
+        let offset = packing.offset();
+        assert!(offset == 0 || offset.is_power_of_two());
+        let offset_shift = _mm_cvtsi32_si128(offset.trailing_zeros() as i32);
+        // Per mode, the words each lane takes for part 0 (part `c` takes
+        // the word `c` after), and the shifts that bring its values down.
+        #[rustfmt::skip]
+        let (first_words, high_first_words, low_shifts, high_shifts) = match MODE {
+            // Lane `l`: the quarter of block `l / 2` (blocks 0-3 in the
+            // first table, 4-7 in the second), high nibbles for odd `l`.
+            NIBBLES | FIFTH_BITS => (
+                _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28),
+                zero, zero, zero,
+            ),
+            // The 128 bytes of a 256-block's nibbles: run `l / 4`, its
+            // second half for odd `l`, high nibbles where `l / 2` is odd.
+            K_NIBBLES => (
+                _mm512_setr_epi32(0, 4, 0, 4, 8, 12, 8, 12, 16, 20, 16, 20, 24, 28, 24, 28),
+                zero, zero, zero,
+            ),
+            // Block `l / 2` is part `p = (l / 2) % 4` of half `n = l / 8`:
+            // low bits in the 64 bytes of `n`, from byte `32 (p % 2)`,
+            // shifted by `4 (p / 2)`; high bits in the 32 bytes of `n`
+            // after the low bits, shifted by `2 p`.
+            SIX_BITS => (
+                _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 16, 20, 24, 28, 16, 20, 24, 28),
+                _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 8, 12, 8, 12, 8, 12, 8, 12),
+                _mm512_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0, 4, 4, 4, 4),
+                _mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 0, 0, 2, 2, 4, 4, 6, 6),
+            ),
+            _ => (zero, zero, zero, zero),
+        };
+        let mut words = [zero; 4];
+        let mut high_words = [zero; 4];
+        for c in 0..4 {
+            let step = _mm512_set1_epi32(c as i32);
+            words[c] = _mm512_add_epi32(first_words, step);
+            high_words[c] = _mm512_add_epi32(high_first_words, step);
+        }
+        // Q5's fifth bits: for part `c`, byte `e` of lane `l` takes bit
+        // `16 (l % 2) + 4 c + e` of the block's word, which lane `l` holds:
+        // its byte `2 (l % 2) + c / 2`, picked into place, then tested.
+        let mut fifth_bytes = [zero; 2];
+        for (half, bytes) in fifth_bytes.iter_mut().enumerate() {
+            let h = half as i8;
+            #[rustfmt::skip]
+            let quarter = _mm_setr_epi8(
+                h, h, h, h, 6 + h, 6 + h, 6 + h, 6 + h,
+                8 + h, 8 + h, 8 + h, 8 + h, 14 + h, 14 + h, 14 + h, 14 + h,
+            );
+            *bytes = _mm512_broadcast_i32x4(quarter);
+        }
+        let fifth_tests = [
+            _mm512_set1_epi32(0x0804_0201),
+            _mm512_set1_epi32(0x8040_2010u32 as i32),
+        ];
+        let fifth_bit = _mm512_set1_epi8(0x10);
+        // Where each block of a span keeps its fifth bits, and each lane's
+        // block.
+        let stride = block_stride as i32;
+        let fifth_offsets = _mm256_setr_epi32(
+            0,
+            stride,
+            2 * stride,
+            3 * stride,
+            4 * stride,
+            5 * stride,
+            6 * stride,
+            7 * stride,
+        );
+        let each_twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        // Where block `b` of a row starts in its bytes, in 16.16 fixed
+        // point: the place of the next tile's bytes to ask for.
+        let block_bytes = (row_stride << 16) / blocks;
+        // Span from block `b`, `n` blocks long, of weight row `j`: its
+        // four parts of unsigned values.
+        macro_rules! unsigned_lanes {
+            ($j:expr, $b:expr, $n:expr) => {{
+                let (j, b, n): (usize, usize, usize) = ($j, $b, $n);
+                let row = w.wrapping_add(j * row_stride);
+                let mut parts = [zero; 4];
+                // SAFETY (every read below): blocks `b..b + n` of weight
+                // row `j < W`, checked in `Rows::new` for this packing.
+                match MODE {
+                    BYTES => {
+                        let at = row.wrapping_add(b * block_stride);
+                        let block = |k: usize| {
+                            if k < n {
+                                unsafe {
+                                    _mm256_loadu_si256(at.add(k * block_stride) as *const __m256i)
+                                }
+                            } else {
+                                _mm256_setzero_si256()
+                            }
+                        };
+                        let mut pairs = [zero; 4];
+                        for (p, pair) in pairs.iter_mut().enumerate() {
+                            *pair = _mm512_inserti64x4::<1>(
+                                _mm512_castsi256_si512(block(2 * p)),
+                                block(2 * p + 1),
+                            );
+                        }
+                        let flip = _mm512_set1_epi8(i8::MIN);
+                        for (part, words) in parts.iter_mut().zip(in_lanes(pairs)) {
+                            *part = _mm512_xor_si512(words, flip);
+                        }
+                    }
+                    NIBBLES => {
+                        let at = row.wrapping_add(b * block_stride + qs);
+                        let mut quarters = [_mm_setzero_si128(); SPAN];
+                        for (k, quarter) in quarters.iter_mut().enumerate().take(n) {
+                            *quarter = unsafe {
+                                _mm_loadu_si128(at.add(k * block_stride) as *const __m128i)
+                            };
+                        }
+                        let four = |q: &[__m128i]| {
+                            let two = _mm256_set_m128i(q[1], q[0]);
+                            let other = _mm256_set_m128i(q[3], q[2]);
+                            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(two), other)
+                        };
+                        let (first, second) = (four(&quarters[..4]), four(&quarters[4..]));
+                        for c in 0..4 {
+                            let v = _mm512_permutex2var_epi32(first, words[c], second);
+                            let v = _mm512_mask_srli_epi32(v, 0xAAAA, v, 4);
+                            parts[c] = _mm512_and_si512(v, low_nibbles);
+                        }
+                    }
+                    FIFTH_BITS => {
+                        // The quarters as for nibbles, and each block's
+                        // fifth bits gathered, twice.
+                        let at = row.wrapping_add(b * block_stride);
+                        let mut quarters = [_mm_setzero_si128(); SPAN];
+                        for (k, quarter) in quarters.iter_mut().enumerate().take(n) {
+                            *quarter = unsafe {
+                                _mm_loadu_si128(at.add(k * block_stride + qs) as *const __m128i)
+                            };
+                        }
+                        let four = |q: &[__m128i]| {
+                            let two = _mm256_set_m128i(q[1], q[0]);
+                            let other = _mm256_set_m128i(q[3], q[2]);
+                            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(two), other)
+                        };
+                        let (first, second) = (four(&quarters[..4]), four(&quarters[4..]));
+                        let present = ((1u16 << n) - 1) as u8;
+                        let bits = unsafe {
+                            _mm256_mmask_i32gather_epi32::<1>(
+                                _mm256_setzero_si256(),
+                                present,
+                                fifth_offsets,
+                                at.add(fifth) as *const i32,
+                            )
+                        };
+                        let bits =
+                            _mm512_permutexvar_epi32(each_twice, _mm512_castsi256_si512(bits));
+                        for c in 0..4 {
+                            let v = _mm512_permutex2var_epi32(first, words[c], second);
+                            let v = _mm512_mask_srli_epi32(v, 0xAAAA, v, 4);
+                            let v = _mm512_and_si512(v, low_nibbles);
+                            let mine = _mm512_shuffle_epi8(bits, fifth_bytes[c / 2]);
+                            let set = _mm512_test_epi8_mask(mine, fifth_tests[c % 2]);
+                            parts[c] = _mm512_mask_add_epi8(v, set, v, fifth_bit);
+                        }
+                    }
+                    K_NIBBLES => {
+                        let at = row.wrapping_add((b / 8) * block_stride + 16);
+                        let (first, second) = unsafe {
+                            (
+                                _mm512_loadu_si512(at as *const _),
+                                _mm512_loadu_si512(at.add(64) as *const _),
+                            )
+                        };
+                        for c in 0..4 {
+                            let v = _mm512_permutex2var_epi32(first, words[c], second);
+                            let v = _mm512_mask_srli_epi32(v, 0xCCCC, v, 4);
+                            parts[c] = _mm512_and_si512(v, low_nibbles);
+                        }
+                    }
+                    _ => {
+                        // SIX_BITS.
+                        let at = row.wrapping_add((b / 8) * block_stride);
+                        let (first, second, high) = unsafe {
+                            (
+                                _mm512_loadu_si512(at as *const _),
+                                _mm512_loadu_si512(at.add(64) as *const _),
+                                _mm512_loadu_si512(at.add(128) as *const _),
+                            )
+                        };
+                        let two_bits = _mm512_set1_epi8(3);
+                        for c in 0..4 {
+                            let low = _mm512_permutex2var_epi32(first, words[c], second);
+                            let low = _mm512_srlv_epi32(low, low_shifts);
+                            let top = _mm512_permutexvar_epi32(high_words[c], high);
+                            let top =
+                                _mm512_and_si512(_mm512_srlv_epi32(top, high_shifts), two_bits);
+                            let top = _mm512_slli_epi32::<4>(top);
+                            // `(low & 0x0F) | top`.
+                            parts[c] = _mm512_ternarylogic_epi32::<0xEC>(low, top, low_nibbles);
+                        }
+                    }
+                }
+                parts
+            }};
+        }
+        // A weight row at a time, so that its running sums stay in
+        // registers, over a chunk of spans whose inputs stay in the
+        // nearest cache while every weight row reads them.
+        let mut acc = [[_mm512_setzero_ps(); R]; W];
+        // One input row reads little: the weight rows then take turns a
+        // span at a time, several streams of memory at once.
+        let chunk_spans = if R == 1 { 1 } else { CHUNK_SPANS };
+        for first in (0..spans).step_by(chunk_spans) {
+            for (j, chunk_acc) in acc.iter_mut().enumerate() {
+                // A copy, which the compiler keeps in registers.
+                let mut acc = *chunk_acc;
+                for s in first..spans.min(first + chunk_spans) {
+                    let b = s * SPAN;
+                    let n = SPAN.min(blocks - b);
+                    let used: u16 = if n == SPAN { !0 } else { (1u16 << (2 * n)) - 1 };
+                    if ahead != 0 {
+                        for c in 0..4 {
+                            let at = j * row_stride + (((b + 2 * c) * block_bytes) >> 16) + ahead;
+                            // A prefetch reads nothing, so any address will
+                            // do: this one is the next tile's, or past the
+                            // matrix's end where that tile is narrower.
+                            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(at));
+                        }
+                    }
+                    let weights = unsigned_lanes!(j, b, n);
+                    // SAFETY: the mask loads only the half scales of
+                    // blocks `b..b + n` of weight row `j`.
+                    let w_scales = unsafe {
+                        _mm512_maskz_loadu_ps(used, half_scales[j * 2 * blocks + 2 * b..].as_ptr())
+                    };
+                    for (acc, input) in acc.iter_mut().zip(&inputs) {
+                        let record = &input[s];
+                        // SAFETY: a record's parts, sums and scales are 64
+                        // aligned bytes each.
+                        let (x, negative_sums, x_scales) = unsafe {
+                            let part =
+                                |c: usize| _mm512_load_si512(record.values[c].as_ptr() as *const _);
+                            (
+                                [part(0), part(1), part(2), part(3)],
+                                _mm512_load_si512(record.negative_sums.as_ptr() as *const _),
+                                _mm512_load_ps(record.scales.as_ptr()),
+                            )
+                        };
+                        // The offsets are powers of two: `-offset * sum` is
+                        // a shift of the negative sum.
+                        let starts = if offset != 0 {
+                            _mm512_sll_epi32(negative_sums, offset_shift)
+                        } else {
+                            zero
+                        };
+                        // Two chains of exact sums, added: half the latency.
+                        let even = _mm512_dpbusd_epi32(starts, weights[0], x[0]);
+                        let odd = _mm512_dpbusd_epi32(zero, weights[1], x[1]);
+                        let even = _mm512_dpbusd_epi32(even, weights[2], x[2]);
+                        let odd = _mm512_dpbusd_epi32(odd, weights[3], x[3]);
+                        let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+                        let factors = _mm512_mul_ps(w_scales, x_scales);
+                        *acc = _mm512_mask3_fmadd_ps(factors, sums, *acc, used);
+                    }
+                }
+                *chunk_acc = acc;
+            }
+        }
+        let mut out = [[0f32; W]; R];
+        for (j, acc) in acc.iter().enumerate() {
+            for r in 0..R {
+                out[r][j] = combined(acc[r]);
+            }
+        }
+        out
+    }
+
     /// [`main`] for up to [`ROWS`] input rows of one group and `W` weight
     /// rows, on records (see [`super::super::wide`]) whose lane `l` holds
     /// half block `l` of a span, so that four `dpbusd` give its sixteen
@@ -838,8 +1210,7 @@ mod avx512 {
     }
 
     /// Each dot's sixteen running sums combined as [`super::combine`]
-    /// does, in registers: the halves added (sums `l` and `l + 8`), then
-    /// quarters (`e[l] + e[l + 4]`), then pairs and the last two.
+    /// does, in registers.
     #[target_feature(enable = "avx512f,avx2")]
     fn finish<const R: usize, const W: usize>(acc: &[[__m512; W]; R]) -> [[f32; W]; R] {
         // Loops, not `array::from_fn`: its closure would be compiled without
@@ -847,22 +1218,30 @@ mod avx512 {
         let mut out = [[0f32; W]; R];
         for r in 0..R {
             for j in 0..W {
-                let sums = acc[r][j];
-                let low = _mm512_castps512_ps256(sums);
-                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)));
-                let eight = _mm256_add_ps(low, high);
-                // `[e0 + e4, e1 + e5, e2 + e6, e3 + e7]`.
-                let four = _mm_add_ps(
-                    _mm256_castps256_ps128(eight),
-                    _mm256_extractf128_ps::<1>(eight),
-                );
-                // `[(e0 + e4) + (e2 + e6), (e1 + e5) + (e3 + e7), ..]`.
-                let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-                let one = _mm_add_ss(two, _mm_movehdup_ps(two));
-                out[r][j] = _mm_cvtss_f32(one);
+                out[r][j] = combined(acc[r][j]);
             }
         }
         out
+    }
+
+    /// One dot's sixteen running sums combined as [`super::combine`] does:
+    /// the halves added (sums `l` and `l + 8`), then quarters
+    /// (`e[l] + e[l + 4]`), then pairs and the last two.
+    #[target_feature(enable = "avx512f,avx2")]
+    #[inline]
+    fn combined(sums: __m512) -> f32 {
+        let low = _mm512_castps512_ps256(sums);
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)));
+        let eight = _mm256_add_ps(low, high);
+        // `[e0 + e4, e1 + e5, e2 + e6, e3 + e7]`.
+        let four = _mm_add_ps(
+            _mm256_castps256_ps128(eight),
+            _mm256_extractf128_ps::<1>(eight),
+        );
+        // `[(e0 + e4) + (e2 + e6), (e1 + e5) + (e3 + e7), ..]`.
+        let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+        let one = _mm_add_ss(two, _mm_movehdup_ps(two));
+        _mm_cvtss_f32(one)
     }
 }
 

@@ -13,6 +13,7 @@
 
 mod activations;
 mod kernel;
+mod lanes;
 mod scales;
 mod unpack;
 mod wide;
@@ -20,6 +21,7 @@ mod wide;
 use crate::Format;
 use activations::QuantizedRows;
 use kernel::{Isa, Operands, Values};
+use lanes::RowSpans;
 use rayon::prelude::*;
 use unpack::{Packing, UnpackedRows};
 use wide::Inputs;
@@ -87,6 +89,8 @@ fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: us
         .wide_from()
         .filter(|&from| m >= from)
         .map(|_| Inputs::new(&inputs, m));
+    let lanes =
+        (isa.reads_in_lanes() && m > 1 && wide.is_none()).then(|| RowSpans::new(&inputs, m));
     // Every product's tiles, in order: (product, first row).
     let tiles: Vec<(usize, usize)> = products
         .iter()
@@ -106,6 +110,7 @@ fn matmul_with(isa: Isa, products: &mut [Product], cols: usize, x: &[f32], m: us
                 isa,
                 &inputs,
                 wide.as_ref(),
+                lanes.as_ref(),
                 format,
                 bytes,
                 rows,
@@ -138,6 +143,7 @@ unsafe fn tile(
     isa: Isa,
     inputs: &QuantizedRows,
     wide: Option<&Inputs>,
+    lanes: Option<&RowSpans>,
     format: Format,
     bytes: &[u8],
     rows: usize,
@@ -208,9 +214,10 @@ unsafe fn tile(
         }
         // Calls start at multiples of a record group.
         const { assert!(kernel::MAX_ROWS == wide::ROWS) };
+        let most = isa.rows_per_call(wide.is_some());
         let mut i = 0;
         while i < m {
-            let height = (m - i).min(kernel::MAX_ROWS);
+            let height = (m - i).min(most);
             let ops = Operands {
                 inputs,
                 r0: i,
@@ -219,11 +226,19 @@ unsafe fn tile(
                 j0: 0,
                 layout,
                 wide: wide.map(|inputs| (inputs, &*records)),
+                lanes,
             };
             // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
             // caller's.
             unsafe {
                 match (height, isa.wider(), wide.is_some()) {
+                    (9, _, _) => tile_rows::<9, 4>(isa, ops, width, out, rows, j0),
+                    (8, _, _) => tile_rows::<8, 4>(isa, ops, width, out, rows, j0),
+                    (7, _, _) => tile_rows::<7, 4>(isa, ops, width, out, rows, j0),
+                    (6, _, _) => tile_rows::<6, 4>(isa, ops, width, out, rows, j0),
+                    (5, _, _) => tile_rows::<5, 4>(isa, ops, width, out, rows, j0),
+                    (4, _, _) => tile_rows::<4, 4>(isa, ops, width, out, rows, j0),
+                    (3, _, _) => tile_rows::<3, 4>(isa, ops, width, out, rows, j0),
                     (2, _, true) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
                     (2, true, false) => tile_rows::<2, 4>(isa, ops, width, out, rows, j0),
                     (2, false, _) => tile_rows::<2, 2>(isa, ops, width, out, rows, j0),

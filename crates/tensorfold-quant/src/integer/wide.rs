@@ -4,10 +4,9 @@
 //!
 //! The kernel computes the same sums in the same order as every other path
 //! ([`super::kernel::reference`]), so it gives the same bits. What differs
-//! is where its terms come from: a span of eight blocks is laid out so that
-//! lane `l` of each of four registers holds four values of half block `l`,
-//! and four `dpbusd` give all sixteen half blocks' sums at once, with no
-//! shuffles. The inputs are read as unsigned (`value + 128`), so each
+//! is where its terms come from: both sides are laid out in lanes
+//! ([`super::lanes`]), so four `dpbusd` give all sixteen half blocks' sums
+//! at once, with no shuffles. The inputs are read as unsigned (`value + 128`), so each
 //! weight lane carries the start that undoes the offset (`-128 *` the sum
 //! of its half block's weights); that start and the scales are worked out
 //! once a call and stored beside the values, in the order the kernel reads
@@ -16,17 +15,12 @@
 
 use super::activations::QuantizedRows;
 use super::kernel::Values;
+use super::lanes::{lay_out, LANES, SPAN};
 use super::unpack::Packing;
 use super::{BLOCK, HALF, TILE};
 
 /// Input rows one kernel call takes: a group of records.
 pub(crate) const ROWS: usize = 2;
-/// Lanes of a span: one a half block.
-pub(crate) const LANES: usize = 16;
-/// Blocks of a span.
-const SPAN: usize = LANES / 2;
-/// Values of one lane in one register (`dpbusd` sums four products).
-const FOUR: usize = 4;
 
 /// One input row's span of blocks; lanes past a row's end are zero.
 #[repr(C, align(64))]
@@ -172,61 +166,6 @@ impl Weights {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub fn rows_from(&self, j0: usize) -> &[WeightSpan] {
         &self.records[j0..]
-    }
-}
-
-/// Lays out up to a span of values (`values[16 l + 4 c + e]` of half
-/// block `l`) as a record's four parts (`parts[c][4 l + e]`), each byte
-/// xor `flip`; lanes past the values are left as they are.
-fn lay_out(values: &[i8], flip: u8, parts: &mut [[u8; 4 * LANES]; 4]) {
-    #[cfg(target_arch = "x86_64")]
-    if values.len() == SPAN * BLOCK && is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512 F runs here, checked just above.
-        return unsafe { lay_out_avx512(values.try_into().expect("a span"), flip, parts) };
-    }
-    for (lane, half) in values.chunks_exact(HALF).enumerate() {
-        for (part, four) in half.chunks_exact(FOUR).enumerate() {
-            for (out, v) in parts[part][FOUR * lane..][..FOUR].iter_mut().zip(four) {
-                *out = *v as u8 ^ flip;
-            }
-        }
-    }
-}
-
-/// [`lay_out`] of a whole span: four registers of sixteen words (four
-/// lanes each) transposed four by four within their 128-bit quarters, then
-/// put in lane order.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn lay_out_avx512(values: &[i8; SPAN * BLOCK], flip: u8, parts: &mut [[u8; 4 * LANES]; 4]) {
-    use std::arch::x86_64::*;
-    let flip = _mm512_set1_epi8(flip as i8);
-    let mut z = [_mm512_setzero_si512(); 4];
-    for (k, z) in z.iter_mut().enumerate() {
-        // SAFETY: the four 64-byte loads read the span's 256 bytes.
-        let words = unsafe { _mm512_loadu_si512(values.as_ptr().add(64 * k) as *const _) };
-        *z = _mm512_xor_si512(words, flip);
-    }
-    let (a, b) = (
-        _mm512_unpacklo_epi32(z[0], z[1]),
-        _mm512_unpackhi_epi32(z[0], z[1]),
-    );
-    let (c, d) = (
-        _mm512_unpacklo_epi32(z[2], z[3]),
-        _mm512_unpackhi_epi32(z[2], z[3]),
-    );
-    // Part `p`, quarter `t`, word `i`: lane `4 i + t`, at `4 t + i`.
-    let transposed = [
-        _mm512_unpacklo_epi64(a, c),
-        _mm512_unpackhi_epi64(a, c),
-        _mm512_unpacklo_epi64(b, d),
-        _mm512_unpackhi_epi64(b, d),
-    ];
-    let in_order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    for (part, words) in parts.iter_mut().zip(transposed) {
-        let words = _mm512_permutexvar_epi32(in_order, words);
-        // SAFETY: a part holds 64 bytes.
-        unsafe { _mm512_storeu_si512(part.as_mut_ptr() as *mut _, words) };
     }
 }
 
