@@ -540,7 +540,25 @@ mod avx512 {
     pub const K_NIBBLES: u8 = 3;
     pub const SIX_BITS: u8 = 4;
 
-    /// Spans of a chunk in [`main`]: the inputs' records of up to
+    /// `packing`'s mode and, for nibbles, where a block's values and its
+    /// fifth bits start.
+    fn mode(packing: Packing) -> (u8, usize, usize) {
+        match packing {
+            Packing::Bytes => (BYTES, 0, 0),
+            Packing::Nibbles {
+                qs, fifth: None, ..
+            } => (NIBBLES, qs, 0),
+            Packing::Nibbles {
+                qs,
+                fifth: Some(fifth),
+                ..
+            } => (FIFTH_BITS, qs, fifth),
+            Packing::KNibbles => (K_NIBBLES, 0, 0),
+            Packing::SixBits => (SIX_BITS, 0, 0),
+        }
+    }
+
+    /// Spans of a chunk in [`few_rows`]: the inputs' records of up to
     /// [`super::LANE_ROWS`] rows (384 bytes a span and row) in the L1 cache.
     const CHUNK_SPANS: usize = 8;
 
@@ -575,17 +593,7 @@ mod avx512 {
             packing,
             ahead,
         } = rows;
-        let (qs, fifth) = match packing {
-            Packing::Nibbles { qs, fifth, .. } => (qs, fifth.unwrap_or(0)),
-            _ => (0, 0),
-        };
-        let mode = match packing {
-            Packing::Bytes => BYTES,
-            Packing::Nibbles { fifth: None, .. } => NIBBLES,
-            Packing::Nibbles { fifth: Some(_), .. } => FIFTH_BITS,
-            Packing::KNibbles => K_NIBBLES,
-            Packing::SixBits => SIX_BITS,
-        };
+        let (mode, qs, fifth) = mode(packing);
         assert_eq!(mode, MODE, "the kernel's mode is the values' packing");
         let zero = _mm512_setzero_si512();
         let offset = _mm512_set1_epi8(packing.offset() as i8);
@@ -848,17 +856,7 @@ mod avx512 {
             *input = in_lanes_inputs.row(ops.r0 + r);
             assert_eq!(input.len(), spans);
         }
-        let (qs, fifth) = match packing {
-            Packing::Nibbles { qs, fifth, .. } => (qs, fifth.unwrap_or(0)),
-            _ => (0, 0),
-        };
-        let mode = match packing {
-            Packing::Bytes => BYTES,
-            Packing::Nibbles { fifth: None, .. } => NIBBLES,
-            Packing::Nibbles { fifth: Some(_), .. } => FIFTH_BITS,
-            Packing::KNibbles => K_NIBBLES,
-            Packing::SixBits => SIX_BITS,
-        };
+        let (mode, qs, fifth) = mode(packing);
         assert_eq!(mode, MODE, "the kernel's mode is the values' packing");
         let zero = _mm512_setzero_si512();
         let low_nibbles = _mm512_set1_epi8(0x0F);
