@@ -540,6 +540,41 @@ mod avx512 {
     pub const K_NIBBLES: u8 = 3;
     pub const SIX_BITS: u8 = 4;
 
+    /// Where a kernel reading the GGUF bytes asks the memory for the next
+    /// tile's, a line at a time as it goes (see [`super::Values::ahead`]).
+    #[derive(Clone, Copy)]
+    struct NextTile {
+        w: *const i8,
+        row_stride: usize,
+        /// Where block `b` of a row starts in its bytes, in 16.16 fixed
+        /// point.
+        block_bytes: usize,
+        ahead: usize,
+    }
+
+    impl NextTile {
+        fn new(w: *const i8, row_stride: usize, blocks: usize, ahead: usize) -> NextTile {
+            NextTile {
+                w,
+                row_stride,
+                block_bytes: (row_stride << 16) / blocks,
+                ahead,
+            }
+        }
+
+        /// Asks for weight row `j`'s bytes at block `b`, one tile on.
+        #[inline(always)]
+        fn ask(self, j: usize, b: usize) {
+            if self.ahead != 0 {
+                let at = j * self.row_stride + ((b * self.block_bytes) >> 16) + self.ahead;
+                // SAFETY: a prefetch reads nothing, so any address will do:
+                // this one is the next tile's, or past the matrix's end where
+                // that tile is narrower; SSE is part of every x86_64.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(self.w.wrapping_add(at)) };
+            }
+        }
+    }
+
     /// `packing`'s mode and, for nibbles, where a block's values and its
     /// fifth bits start.
     fn mode(packing: Packing) -> (u8, usize, usize) {
@@ -710,9 +745,7 @@ mod avx512 {
                 }
             }};
         }
-        // Where block `b` of a row starts in its bytes, in 16.16 fixed
-        // point: the place of the next tile's bytes to ask for.
-        let block_bytes = (row_stride << 16) / blocks;
+        let next_tile = NextTile::new(w, row_stride, blocks, ahead);
         // `sum_fours` leaves half block `4 c + k` of a span at `4 k + c`.
         let in_order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
         // Each block's scale for both its half blocks.
@@ -761,13 +794,7 @@ mod avx512 {
                     };
                     let mut lanes = [[zero; 4]; R];
                     for c in 0..pairs + $lone as usize {
-                        if ahead != 0 {
-                            let at = j * row_stride + (((b + 2 * c) * block_bytes) >> 16) + ahead;
-                            // A prefetch reads nothing, so any address will
-                            // do: this one is the next tile's, or past the
-                            // matrix's end where that tile is narrower.
-                            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(at));
-                        }
+                        next_tile.ask(j, b + 2 * c);
                         let unsigned = unsigned_values!(j, b + 2 * c, !($lone && c == pairs));
                         for r in 0..R {
                             lanes[r][c] = _mm512_dpbusd_epi32(zero, unsigned, xv[r][c]);
@@ -930,9 +957,7 @@ mod avx512 {
             7 * stride,
         );
         let each_twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-        // Where block `b` of a row starts in its bytes, in 16.16 fixed
-        // point: the place of the next tile's bytes to ask for.
-        let block_bytes = (row_stride << 16) / blocks;
+        let next_tile = NextTile::new(w, row_stride, blocks, ahead);
         // Span from block `b`, `n` blocks long, of weight row `j`: its
         // four parts of unsigned values.
         macro_rules! unsigned_lanes {
@@ -1077,14 +1102,8 @@ mod avx512 {
                     let b = s * SPAN;
                     let n = SPAN.min(blocks - b);
                     let used: u16 = if n == SPAN { !0 } else { (1u16 << (2 * n)) - 1 };
-                    if ahead != 0 {
-                        for c in 0..4 {
-                            let at = j * row_stride + (((b + 2 * c) * block_bytes) >> 16) + ahead;
-                            // A prefetch reads nothing, so any address will
-                            // do: this one is the next tile's, or past the
-                            // matrix's end where that tile is narrower.
-                            _mm_prefetch::<_MM_HINT_T1>(w.wrapping_add(at));
-                        }
+                    for c in 0..4 {
+                        next_tile.ask(j, b + 2 * c);
                     }
                     let weights = unsigned_lanes!(j, b, n);
                     // SAFETY: the mask loads only the half scales of
