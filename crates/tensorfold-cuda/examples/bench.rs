@@ -201,6 +201,9 @@ fn main() {
             if flag("profile") {
                 profile(&g, &toks);
             }
+            if flag("rows") && kernels == MatmulKernels::TensorCores {
+                rows_sweep(&mut g, &toks);
+            }
             if flag("grids") && kernels == MatmulKernels::TensorCores {
                 grid_sweep(&mut g, &toks);
             }
@@ -233,6 +236,15 @@ fn main() {
             );
         }
     }
+}
+
+/// Rows per prefill forward in the prefill cells: `TENSORFOLD_BENCH_CHUNK`,
+/// else the engine's 256.
+fn prefill_chunk() -> usize {
+    std::env::var("TENSORFOLD_BENCH_CHUNK")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(256)
 }
 
 /// Decode tokens/s: a 128-token prompt, then one token per forward.
@@ -306,7 +318,7 @@ fn cells(g: &CudaModel, toks: &[u32], bw: f64, decode_only: bool) -> Cells {
         prefill(g, &mut kv, &toks[..256], 256);
         let mut kv = g.new_cache();
         let t = Instant::now();
-        prefill(g, &mut kv, &toks[..len], 256);
+        prefill(g, &mut kv, &toks[..len], prefill_chunk());
         let s = t.elapsed().as_secs_f64();
         ours.prefill.push(len as f64 / s);
         println!("prefill {len}: {:.0} tok/s ({:.2} s)", len as f64 / s, s);
@@ -367,6 +379,33 @@ fn grid_sweep(g: &mut CudaModel, toks: &[u32]) {
             s / best[0].1
         );
     }
+}
+
+/// Milliseconds of one forward of `m` rows (the last row's logits), after
+/// a 264-token prompt, with the many-row kernel from 33 rows and with the
+/// few-row kernel for all: where to switch.
+fn rows_sweep(g: &mut CudaModel, toks: &[u32]) {
+    let default = g.many_from();
+    for m in [16, 24, 32, 40, 48, 64, 96, 128, 192, 256] {
+        let mut line = format!("{m:>4} rows:");
+        for many_from in [33, usize::MAX] {
+            g.set_many_from(many_from);
+            let mut times = Vec::new();
+            for rep in 0..7 {
+                let mut kv = g.new_cache();
+                prefill(g, &mut kv, &toks[..264], 256);
+                let t = Instant::now();
+                g.forward(&toks[264 + rep..264 + rep + m], &mut kv, Logits::Last)
+                    .unwrap();
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(f64::total_cmp);
+            let kind = if many_from == 33 { "many" } else { "few" };
+            line += &format!("  {kind} {:.3} ms", times[3]);
+        }
+        println!("{line}");
+    }
+    g.set_many_from(default);
 }
 
 /// One forward of every stream in `caches`, stream i taking `next[i]`.

@@ -10,9 +10,9 @@ use crate::kernels::{device_picks_from_env, Kernels, TcAttention};
 use crate::kv::CudaKv;
 use crate::launch::{opt_ptr, ptr, Launch};
 use crate::matmul::{
-    few_kernel, few_shared, fmt_code, many_shared, tile_for, FewRowGrid, Kind, MatmulKernels,
-    FEW_SHARED_MAX, FEW_TILES, FEW_WARPS, FORMATS, MANY_FROM, MANY_WARPS, MM_WARPS, SEGMENT, TILES,
-    WEIGHT_PAD,
+    few_kernel, few_shared, fmt_code, many_blocks, many_shared, pick_many_tile, tile_for,
+    FewRowGrid, Kind, MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FEW_WARPS, FORMATS, MANY_TILES,
+    MANY_WARPS, MM_WARPS, SEGMENT, TILES, WEIGHT_PAD,
 };
 use crate::pinned::pinned;
 use crate::sampling::{PickBufs, RowDraw, SampleKernel};
@@ -506,6 +506,19 @@ impl CudaModel {
         self.scratch.get_mut().expect("scratch lock").graphs.clear();
     }
 
+    /// The rows from which matmuls take the many-row kernel.
+    pub fn many_from(&self) -> usize {
+        self.k.many_from
+    }
+
+    /// Sets the rows from which matmuls take the many-row kernel (the
+    /// few-row kernel covers more rows in several block rows); the logits
+    /// keep their bits.
+    pub fn set_many_from(&mut self, rows: usize) {
+        self.k.many_from = rows;
+        self.scratch.get_mut().expect("scratch lock").graphs.clear();
+    }
+
     /// Starts timing every launch (forwards then run without graphs, so
     /// expect them to be somewhat slower than unprofiled ones).
     pub fn start_profile(&self) {
@@ -595,7 +608,7 @@ impl CudaModel {
     ) -> Result<()> {
         let (f, cfg, kind) = if let Some(tc) = &self.k.tensor[w.code] {
             let segments = w.cols.div_ceil(SEGMENT);
-            if m < MANY_FROM {
+            if m < self.k.many_from {
                 let warps = segments.min(FEW_WARPS);
                 let format = FORMATS[w.code].0;
                 // The fewest tiles that hold every row, among those whose
@@ -633,17 +646,18 @@ impl CudaModel {
                 };
                 (&tc.few[t], cfg, Kind::Few(tiles))
             } else {
-                let (c, n) = self.k.many;
+                let tile = self
+                    .k
+                    .forced_many
+                    .unwrap_or_else(|| pick_many_tile(m, w.rows, &tc.resident));
+                let (c, n) = MANY_TILES[tile];
+                let (x, y) = many_blocks((c, n), m, w.rows);
                 let cfg = LaunchConfig {
-                    grid_dim: (
-                        w.rows.div_ceil(MANY_WARPS * 16 * c) as u32,
-                        m.div_ceil(8 * n) as u32,
-                        1,
-                    ),
+                    grid_dim: (x as u32, y as u32, 1),
                     block_dim: ((MANY_WARPS * 32) as u32, 1, 1),
                     shared_mem_bytes: many_shared(FORMATS[w.code].0, c, n) as u32,
                 };
-                (&tc.many, cfg, Kind::Many)
+                (&tc.many[tile], cfg, Kind::Many(tile))
             }
         } else if w.cols.is_multiple_of(32) {
             let t = tile_for(m, w.rows, self.k.staged);
@@ -675,7 +689,7 @@ impl CudaModel {
             ldy as i32,
             out.mode(),
         );
-        let tensor = matches!(kind, Kind::Few(_) | Kind::Many);
+        let tensor = matches!(kind, Kind::Few(_) | Kind::Many(_));
         debug_assert!(
             !tensor || x16 != 0,
             "tensor-core input without its f16 copy"
@@ -706,7 +720,10 @@ impl CudaModel {
         self.mark(|| {
             let kernel = match kind {
                 Kind::Few(tiles) => format!("tensor {}", few_kernel(tiles)),
-                Kind::Many => format!("tensor m{}x{}", self.k.many.0, self.k.many.1),
+                Kind::Many(tile) => {
+                    let (c, n) = MANY_TILES[tile];
+                    format!("tensor m{c}x{n}")
+                }
                 Kind::Tile(t) => TILES[t].kernel("fma"),
                 Kind::Any => "fma any".to_string(),
             };

@@ -4,8 +4,8 @@
 use crate::attention;
 use crate::attention_f32::{attention_shared, ATTENTION_WARPS, NARROW_HEADS};
 use crate::matmul::{
-    few_kernel, many_shared, many_tile, staged_tile, FewRowGrid, MatmulKernels, FEW_SHARED_MAX,
-    FEW_TILES, FORMATS, TILES,
+    few_kernel, forced_many_tile, many_from_env, many_shared, staged_tile, FewRowGrid,
+    MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FORMATS, MANY_TILES, MANY_WARPS, TILES,
 };
 use crate::Result;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
@@ -59,8 +59,11 @@ pub(crate) struct Kernels {
     /// `[format]`: tensor-core kernels for the quantized formats, when
     /// they multiply them.
     pub(crate) tensor: Vec<Option<TensorKernels>>,
-    /// The tensor-core tile for many rows.
-    pub(crate) many: (usize, usize),
+    /// The many-row tile every call takes (an index in `MANY_TILES`), when
+    /// `TENSORFOLD_CUDA_TILE` names one; else each call picks its own.
+    pub(crate) forced_many: Option<usize>,
+    /// Rows from which a call takes the many-row kernel.
+    pub(crate) many_from: usize,
     pub(crate) embed: CudaFunction,
     pub(crate) rmsnorm: CudaFunction,
     pub(crate) qkv_post: CudaFunction,
@@ -89,7 +92,8 @@ impl Kernels {
     pub(crate) fn load(ctx: &Arc<CudaContext>, path: MatmulKernels) -> Result<Kernels> {
         let mm = ctx.load_module(Ptx::from_binary(MATMUL_BIN.to_vec()))?;
         let tc = ctx.load_module(Ptx::from_binary(TENSOR_BIN.to_vec()))?;
-        let many = many_tile();
+        let multiprocessors =
+            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let mut tensor = Vec::new();
         for (format, name) in FORMATS {
             if path == MatmulKernels::Fma || format.block_elems() == 1 {
@@ -105,13 +109,28 @@ impl Kernels {
                 )?;
                 few.push(f);
             }
-            let (c, n) = many;
-            let many = tc.load_function(&format!("tc_{name}_m{c}x{n}"))?;
-            many.set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                many_shared(format, c, n) as i32,
-            )?;
-            tensor.push(Some(TensorKernels { few, many }));
+            let mut many = Vec::new();
+            let mut resident = Vec::new();
+            for (c, n) in MANY_TILES {
+                let f = tc.load_function(&format!("tc_{name}_m{c}x{n}"))?;
+                let shared = many_shared(format, c, n);
+                f.set_attribute(
+                    CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )?;
+                let per_multiprocessor = f.occupancy_max_active_blocks_per_multiprocessor(
+                    (MANY_WARPS * 32) as u32,
+                    shared,
+                    None,
+                )? as usize;
+                resident.push(per_multiprocessor * multiprocessors);
+                many.push(f);
+            }
+            tensor.push(Some(TensorKernels {
+                few,
+                many,
+                resident,
+            }));
         }
         let ops = ctx.load_module(Ptx::from_binary(OPS_BIN.to_vec()))?;
         let mut matmul = Vec::new();
@@ -154,8 +173,6 @@ impl Kernels {
                 fold: att.load_function(&fold)?,
             });
         }
-        let multiprocessors =
-            ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as usize;
         let major =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         Ok(Kernels {
@@ -167,7 +184,8 @@ impl Kernels {
             matmul_any: mm.load_function("mm_f32_any")?,
             staged: staged_tile(),
             tensor,
-            many,
+            forced_many: forced_many_tile(),
+            many_from: many_from_env(),
             embed: ops.load_function("embed")?,
             rmsnorm: ops.load_function("rmsnorm")?,
             qkv_post: ops.load_function("qkv_post")?,
@@ -186,5 +204,8 @@ impl Kernels {
 pub(crate) struct TensorKernels {
     /// By `FEW_TILES`.
     pub(crate) few: Vec<CudaFunction>,
-    pub(crate) many: CudaFunction,
+    /// By `MANY_TILES`.
+    pub(crate) many: Vec<CudaFunction>,
+    /// Blocks of each `many` kernel the device holds at once.
+    pub(crate) resident: Vec<usize>,
 }

@@ -97,11 +97,25 @@ impl MatmulKernels {
 }
 
 /// Tensor-core tiles for many rows: (16-row weight tiles, 8-row input
-/// tiles) per warp, as `tc_<format>_m<C>x<N>` names them.
+/// tiles) per warp, as `tc_<format>_m<C>x<N>` names them, largest first.
 pub(crate) const MANY_TILES: [(usize, usize); 3] = [(2, 4), (1, 4), (2, 2)];
 pub(crate) const MANY_WARPS: usize = 4;
 /// Rows from which a call takes the tensor-core kernel for many rows.
-pub(crate) const MANY_FROM: usize = 33;
+/// Below it the few-row kernel runs, over several block rows past 32: a
+/// call of 40 to 160 rows (a round of streams with their drafts) has too
+/// few of the many-row kernel's blocks to fill the GPU, and the few-row
+/// kernel, which spreads each weight block's segments over warps, ran it
+/// 1.1-1.5x sooner on an 8B shape (`examples/bench.rs rows`).
+pub(crate) const MANY_FROM: usize = 161;
+
+/// `TENSORFOLD_CUDA_MANY_FROM=n` moves where calls switch to the many-row
+/// kernel, for tuning; else [`MANY_FROM`]. Bits do not change with it.
+pub(crate) fn many_from_env() -> usize {
+    std::env::var("TENSORFOLD_CUDA_MANY_FROM")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(MANY_FROM)
+}
 /// Input tiles (8 rows each) a few-row block may take: `tc_*_few`,
 /// `tc_*_few2`, `tc_*_few4`.
 pub(crate) const FEW_TILES: [usize; 3] = [1, 2, 4];
@@ -153,7 +167,8 @@ pub(crate) fn segment_words(format: Format) -> usize {
 pub(crate) enum Kind {
     /// With this many input tiles.
     Few(usize),
-    Many,
+    /// With this index in `MANY_TILES`.
+    Many(usize),
     Tile(usize),
     Any,
 }
@@ -198,17 +213,44 @@ pub(crate) fn staged_tile() -> usize {
         .unwrap_or(STAGED_DEFAULT)
 }
 
-/// The tensor-core tile for many rows: `TENSORFOLD_CUDA_TILE=m1x4` picks
-/// another for tuning; bits do not change with it.
-pub(crate) fn many_tile() -> (usize, usize) {
-    let wanted = std::env::var("TENSORFOLD_CUDA_TILE").ok();
-    wanted
-        .and_then(|w| {
-            MANY_TILES
-                .into_iter()
-                .find(|(c, n)| format!("m{c}x{n}") == w)
+/// The tensor-core tile for many rows that `TENSORFOLD_CUDA_TILE=m1x4` (or
+/// another of `MANY_TILES`) forces, for tuning; else none, and each call
+/// takes the tile that fills the GPU ([`pick_many_tile`]). Bits do not
+/// change with it.
+pub(crate) fn forced_many_tile() -> Option<usize> {
+    let wanted = std::env::var("TENSORFOLD_CUDA_TILE").ok()?;
+    MANY_TILES
+        .iter()
+        .position(|(c, n)| format!("m{c}x{n}") == wanted)
+}
+
+/// Blocks of a many-row launch with tile `(c, n)` for `m` input rows and
+/// `rows` weight rows.
+pub(crate) fn many_blocks((c, n): (usize, usize), m: usize, rows: usize) -> (usize, usize) {
+    (rows.div_ceil(MANY_WARPS * 16 * c), m.div_ceil(8 * n))
+}
+
+/// The many-row tile for `m` input rows of a matrix of `rows` weight rows,
+/// given how many blocks of each tile the device holds at once
+/// (`resident`, by `MANY_TILES`). The largest tile reads each weight and
+/// input byte the fewest times, but a 256-row prefill chunk of a
+/// 4096-row matrix gives it fewer blocks than the device holds; then a
+/// smaller tile whose blocks fill it runs sooner. So: the first tile
+/// (largest first) whose launch fills every resident slot at least once,
+/// else the one that fills the most of them. Speed only: every tile has
+/// the same bits.
+pub(crate) fn pick_many_tile(m: usize, rows: usize, resident: &[usize]) -> usize {
+    let fill = |i: usize| {
+        let (x, y) = many_blocks(MANY_TILES[i], m, rows);
+        (x * y) as f64 / resident[i].max(1) as f64
+    };
+    (0..MANY_TILES.len())
+        .find(|&i| fill(i) >= 1.0)
+        .unwrap_or_else(|| {
+            (0..MANY_TILES.len())
+                .max_by(|&a, &b| fill(a).total_cmp(&fill(b)).then(b.cmp(&a)))
+                .unwrap_or(0)
         })
-        .unwrap_or(MANY_TILES[0])
 }
 
 /// How many blocks a few-row tensor-core matmul launches. A block may
@@ -233,5 +275,28 @@ impl FewRowGrid {
             .and_then(|w| w.parse().ok())
             .filter(|&w| w > 0)
             .map_or(FewRowGrid::PerWeightBlock, FewRowGrid::Waves)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H100's 132 multiprocessors holding 3, 4 and 4 blocks of the tiles.
+    const RESIDENT: [usize; 3] = [396, 528, 528];
+
+    #[test]
+    fn wide_matrices_keep_the_largest_tile() {
+        // An 8B model's gate and up rows, a 256-row chunk: 1,792 blocks.
+        assert_eq!(pick_many_tile(256, 28672, &RESIDENT), 0);
+        assert_eq!(pick_many_tile(512, 4096, &RESIDENT), 0);
+    }
+
+    #[test]
+    fn narrow_matrices_take_a_tile_that_fills_the_device() {
+        // 4096 rows by 256: 256 blocks of the largest tile, 512 of the next.
+        assert_eq!(pick_many_tile(256, 4096, &RESIDENT), 1);
+        // Nothing fills it: the most blocks for the slots, the larger on a tie.
+        assert_eq!(pick_many_tile(64, 1024, &RESIDENT), 1);
     }
 }
