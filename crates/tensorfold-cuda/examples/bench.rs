@@ -388,7 +388,7 @@ fn rows_sweep(g: &mut CudaModel, toks: &[u32]) {
     let default = g.many_from();
     for m in [16, 24, 32, 40, 48, 64, 96, 128, 192, 256] {
         let mut line = format!("{m:>4} rows:");
-        for many_from in [33, usize::MAX] {
+        for (kind, many_from) in [("many", 33), ("few", usize::MAX)] {
             g.set_many_from(many_from);
             let mut times = Vec::new();
             for rep in 0..7 {
@@ -400,7 +400,6 @@ fn rows_sweep(g: &mut CudaModel, toks: &[u32]) {
                 times.push(t.elapsed().as_secs_f64() * 1e3);
             }
             times.sort_by(f64::total_cmp);
-            let kind = if many_from == 33 { "many" } else { "few" };
             line += &format!("  {kind} {:.3} ms", times[3]);
         }
         println!("{line}");

@@ -237,8 +237,8 @@ pub(crate) fn many_blocks((c, n): (usize, usize), m: usize, rows: usize) -> (usi
 /// 4096-row matrix gives it fewer blocks than the device holds; then a
 /// smaller tile whose blocks fill it runs sooner. So: the first tile
 /// (largest first) whose launch fills every resident slot at least once,
-/// else the one that fills the most of them. Speed only: every tile has
-/// the same bits.
+/// else the one that fills the most of them (the larger on a tie). Speed
+/// only: every tile has the same bits.
 pub(crate) fn pick_many_tile(m: usize, rows: usize, resident: &[usize]) -> usize {
     let fill = |i: usize| {
         let (x, y) = many_blocks(MANY_TILES[i], m, rows);
