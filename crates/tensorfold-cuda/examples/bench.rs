@@ -7,7 +7,8 @@
 //! 8k positions; `fma` measures the f32
 //! multiply-add matmuls beside the tensor-core ones; `profile` prints device
 //! time by kernel for decode and for a prefill chunk; `grids` compares
-//! decode and 16 streams under several few-row grids). Built with
+//! decode and 16 streams under several few-row grids; `tiles` prefill
+//! under each many-row tile). Built with
 //! `--features stock`, every cell is also measured on candle's own quantized
 //! CUDA path (candle-transformers' quantized Llama, which switches kernels
 //! by row count) over the same weights, and the ratio is printed.
@@ -204,6 +205,9 @@ fn main() {
             if flag("rows") && kernels == MatmulKernels::TensorCores {
                 rows_sweep(&mut g, &toks);
             }
+            if flag("tiles") && kernels == MatmulKernels::TensorCores {
+                tile_sweep(&mut g, &toks);
+            }
             if flag("grids") && kernels == MatmulKernels::TensorCores {
                 grid_sweep(&mut g, &toks);
             }
@@ -378,6 +382,35 @@ fn grid_sweep(g: &mut CudaModel, toks: &[u32]) {
             d / best[0].0,
             s / best[0].1
         );
+    }
+}
+
+/// Prefill tokens/s at 2k and 8k in 256-row chunks and at 2k in 512-row
+/// chunks under each many-row tile (the picked ones, then each forced), in
+/// alternating passes; the median of three a cell.
+fn tile_sweep(g: &mut CudaModel, toks: &[u32]) {
+    let tiles = [None, Some("m2x4"), Some("m1x4")];
+    let cells = [(2048usize, 256usize), (8192, 256), (2048, 512)];
+    let mut rates = vec![vec![Vec::new(); cells.len()]; tiles.len()];
+    for _pass in 0..3 {
+        for (i, tile) in tiles.iter().enumerate() {
+            g.set_many_tile(*tile).unwrap();
+            for (c, &(len, chunk)) in cells.iter().enumerate() {
+                let mut kv = g.new_cache();
+                let t = Instant::now();
+                prefill(g, &mut kv, &toks[..len], chunk);
+                rates[i][c].push(len as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    g.set_many_tile(None).unwrap();
+    for (tile, per) in tiles.iter().zip(&mut rates) {
+        let mut line = format!("tile {:>8}:", tile.unwrap_or("picked"));
+        for ((len, chunk), r) in cells.iter().zip(per.iter_mut()) {
+            r.sort_by(f64::total_cmp);
+            line += &format!("  prefill {len} by {chunk} {:.0} tok/s", r[1]);
+        }
+        println!("{line}");
     }
 }
 

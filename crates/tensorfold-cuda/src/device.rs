@@ -10,9 +10,9 @@ use crate::kernels::{device_picks_from_env, Kernels, TcAttention};
 use crate::kv::CudaKv;
 use crate::launch::{opt_ptr, ptr, Launch};
 use crate::matmul::{
-    few_kernel, few_shared, fmt_code, many_blocks, many_shared, pick_many_tile, tile_for,
-    FewRowGrid, Kind, MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FEW_WARPS, FORMATS, MANY_TILES,
-    MANY_WARPS, MM_WARPS, SEGMENT, TILES, WEIGHT_PAD,
+    few_kernel, few_shared, fmt_code, many_blocks, many_shared, many_tile_named, pick_many_tile,
+    tile_for, FewRowGrid, Kind, MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FEW_WARPS, FORMATS,
+    MANY_TILES, MANY_WARPS, MM_WARPS, SEGMENT, TILES, WEIGHT_PAD,
 };
 use crate::pinned::pinned;
 use crate::sampling::{PickBufs, RowDraw, SampleKernel};
@@ -517,6 +517,22 @@ impl CudaModel {
     pub fn set_many_from(&mut self, rows: usize) {
         self.k.many_from = rows;
         self.scratch.get_mut().expect("scratch lock").graphs.clear();
+    }
+
+    /// Makes every many-row matmul take the tensor-core tile `name`
+    /// (`m2x4`, `m1x4` or `m2x2`, as `TENSORFOLD_CUDA_TILE` does), or, with
+    /// `None`, lets each call pick; the logits keep their bits. An unknown
+    /// name is an error.
+    pub fn set_many_tile(&mut self, name: Option<&str>) -> Result<()> {
+        self.k.forced_many = match name {
+            None => None,
+            Some(n) => Some(
+                many_tile_named(n)
+                    .ok_or_else(|| CudaError::Invalid(format!("no many-row tile {n}")))?,
+            ),
+        };
+        self.scratch.get_mut().expect("scratch lock").graphs.clear();
+        Ok(())
     }
 
     /// Starts timing every launch (forwards then run without graphs, so

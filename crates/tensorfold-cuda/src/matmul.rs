@@ -218,10 +218,14 @@ pub(crate) fn staged_tile() -> usize {
 /// takes the tile that fills the GPU ([`pick_many_tile`]). Bits do not
 /// change with it.
 pub(crate) fn forced_many_tile() -> Option<usize> {
-    let wanted = std::env::var("TENSORFOLD_CUDA_TILE").ok()?;
+    many_tile_named(&std::env::var("TENSORFOLD_CUDA_TILE").ok()?)
+}
+
+/// The index in `MANY_TILES` of the tile `m<C>x<N>` names.
+pub(crate) fn many_tile_named(name: &str) -> Option<usize> {
     MANY_TILES
         .iter()
-        .position(|(c, n)| format!("m{c}x{n}") == wanted)
+        .position(|(c, n)| format!("m{c}x{n}") == name)
 }
 
 /// Blocks of a many-row launch with tile `(c, n)` for `m` input rows and

@@ -151,6 +151,66 @@ fn few_row_grids_keep_the_bits() {
 }
 
 #[test]
+fn every_many_row_tile_keeps_the_bits() {
+    if !gpu() {
+        return;
+    }
+    // Each quantized format, in a tiny model and in one whose down
+    // projection has 9 segments (the last of one unit where the format's
+    // blocks allow): prefill chunks of 256 and of 300 rows (input tiles
+    // cut short) under every many-row tile against one token a forward.
+    for (ci, format) in [
+        Format::Q4_0,
+        Format::Q4_1,
+        Format::Q5_0,
+        Format::Q8_0,
+        Format::Q4K,
+        Format::Q6K,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let wide = SynthSpec {
+            hidden_size: 256,
+            intermediate_size: if format.block_elems() > 32 {
+                2304
+            } else {
+                2080
+            },
+            ..SynthSpec::tiny(Arch::Llama, format, 61 + ci as u64)
+        };
+        for (size, spec) in [
+            ("tiny", SynthSpec::tiny(Arch::Qwen2, format, 51 + ci as u64)),
+            ("wide", wide),
+        ] {
+            let p = tmp(&format!("tiles-{size}-{}", format.name())).join("m.gguf");
+            write_gguf(&p, &spec).unwrap();
+            let model = tensorfold_models::load(&p).unwrap().model;
+            let mut g = CudaModel::upload_with(&model, 0, MatmulKernels::TensorCores).unwrap();
+            let toks = tokens(500, 71 + ci as u64);
+            let reference = serial(&g, &toks);
+            for tile in ["m2x4", "m1x4", "m2x2"] {
+                g.set_many_tile(Some(tile)).unwrap();
+                for chunk in [256, 300] {
+                    let mut kv = g.new_cache();
+                    let got = chunked(&g, &mut kv, &toks, &[chunk]);
+                    assert_eq!(got.len(), reference.len());
+                    for (p, (a, b)) in got.iter().zip(&reference).enumerate() {
+                        assert_eq!(
+                            bits(a),
+                            bits(b),
+                            "{size} {} {tile}, chunks of {chunk}: position {p}",
+                            format.name()
+                        );
+                    }
+                }
+            }
+            assert!(g.set_many_tile(Some("m9x9")).is_err());
+        }
+    }
+}
+
+#[test]
 fn rows_of_many_segments_stay_invariant() {
     if !gpu() {
         return;

@@ -185,8 +185,12 @@ impl std::str::FromStr for Parallel {
     }
 }
 
-/// Retained prompt states kept at most, unless set.
-pub const DEFAULT_CHECKPOINT_SLOTS: usize = 32;
+/// Retained prompt states kept at most, unless set. Memory bounds them
+/// first (retained states give way to live streams); the count only bounds
+/// the work of a lookup, and is large enough that a server at its most
+/// streams ([`AUTO_MAX_STREAMS`]) keeps every client's last conversation
+/// several times over.
+pub const DEFAULT_CHECKPOINT_SLOTS: usize = 256;
 
 /// Default share of a round's rows kept by decoding replies while prompts prefill.
 pub const DEFAULT_DECODE_SHARE: f64 = 0.5;
