@@ -3,7 +3,9 @@
 //! served fresh, byte for byte (greedy and sampled, drafted, concurrent).
 
 use serde_json::json;
-use tensorfold_engine::{Completion, Engine, GenerateRequest, Prompt, SamplingParams, MIN_REUSE};
+use tensorfold_engine::{
+    Completion, Engine, GenerateRequest, Prompt, SamplingParams, AUTO_MAX_STREAMS, MIN_REUSE,
+};
 use tensorfold_models::synth::SynthSpec;
 use tensorfold_models::{Arch, Format};
 use tensorfold_tests::{registry_model, synth_model};
@@ -165,6 +167,36 @@ fn a_shared_system_prompt_is_reused_across_conversations() {
             .cached_tokens,
         0
     );
+}
+
+#[test]
+fn a_full_server_keeps_every_clients_last_prompt() {
+    // As many clients as `--parallel auto` serves at once, each served
+    // once: by default every one of their states is retained (memory, not
+    // a count, is the bound), so each comes back to a reused prompt.
+    let path = synth_model(
+        "resume-clients",
+        &SynthSpec::tiny(Arch::Llama, Format::Q8_0, 12),
+        true,
+    );
+    let engine = Engine::load(&path).unwrap();
+    let request = |client: usize| {
+        // A first token of its own: no two clients share a prefix.
+        let tokens = (0..24)
+            .map(|t| ((client + 1) * 3 + t * 7) as u32 % 250)
+            .collect();
+        let mut r = GenerateRequest::new(Prompt::Tokens(tokens));
+        r.max_tokens = 2;
+        r
+    };
+    for client in 0..AUTO_MAX_STREAMS {
+        let out = engine.generate(&request(client), &mut |_| true).unwrap();
+        assert_eq!(out.cached_tokens, 0, "client {client} is new");
+    }
+    for client in 0..AUTO_MAX_STREAMS {
+        let out = engine.generate(&request(client), &mut |_| true).unwrap();
+        assert_eq!(out.cached_tokens, 23, "client {client} came back");
+    }
 }
 
 #[test]
