@@ -444,6 +444,7 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
     );
     let halfway = halfway.into_inner().unwrap_or_else(|e| e.into_inner());
     let after_rss = gauge(&after, "tensorfold_resident_memory_bytes");
+    let after_retained = gauge(&after, "tensorfold_retained_prompt_bytes");
     println!(
         "  peak RSS {:.0} MiB of a {:.0} MiB budget; RSS idle {:.0} MiB -> half the requests {:.0} MiB -> after {:.0} MiB",
         peak as f64 / 1048576.0,
@@ -458,7 +459,7 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
         gauge(&after, "tensorfold_reserved_cache_bytes"),
         gauge(&idle, "tensorfold_retained_prompt_bytes"),
         halfway.map_or(f64::NAN, |(_, retained)| retained),
-        gauge(&after, "tensorfold_retained_prompt_bytes"),
+        after_retained,
         retained_limit
     );
     let mut failures = Vec::new();
@@ -488,7 +489,7 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
     {
         failures.push("reserved memory, running or queued requests did not return to idle".into());
     }
-    if gauge(&after, "tensorfold_retained_prompt_bytes") > retained_limit {
+    if after_retained > retained_limit {
         failures.push("retained prompts exceed their limit".into());
     }
     if peak > budget {
@@ -498,7 +499,6 @@ pub fn run(mut args: SoakArgs) -> Result<()> {
     // besides the retained prompts may hold its peak but not grow with them
     // (10% and 32 MiB of slack).
     if let Some((half_rss, half_retained)) = halfway {
-        let after_retained = gauge(&after, "tensorfold_retained_prompt_bytes");
         let (half, after) = (half_rss - half_retained, after_rss - after_retained);
         if after > half * 1.1 + 32.0 * 1048576.0 {
             failures.push(

@@ -10,9 +10,9 @@ use crate::kernels::{device_picks_from_env, Kernels, TcAttention};
 use crate::kv::CudaKv;
 use crate::launch::{opt_ptr, ptr, Launch};
 use crate::matmul::{
-    few_kernel, few_shared, fmt_code, many_blocks, many_shared, many_tile_named, pick_many_tile,
-    tile_for, FewRowGrid, Kind, MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FEW_WARPS, FORMATS,
-    MANY_TILES, MANY_WARPS, MM_WARPS, SEGMENT, TILES, WEIGHT_PAD,
+    few_kernel, few_shared, fmt_code, many_blocks, many_shared, many_tile_name, many_tile_named,
+    pick_many_tile, tile_for, FewRowGrid, Kind, MatmulKernels, FEW_SHARED_MAX, FEW_TILES,
+    FEW_WARPS, FORMATS, MANY_TILES, MANY_WARPS, MM_WARPS, SEGMENT, TILES, WEIGHT_PAD,
 };
 use crate::pinned::pinned;
 use crate::sampling::{PickBufs, RowDraw, SampleKernel};
@@ -502,7 +502,12 @@ impl CudaModel {
     /// the logits keep their bits.
     pub fn set_few_row_grid(&mut self, grid: FewRowGrid) {
         self.k.few_grid = grid;
-        // Captured graphs hold the old grids.
+        self.forget_graphs();
+    }
+
+    /// Drops the captured graphs: they hold the launches of the kernel
+    /// choices before a switch changed them.
+    fn forget_graphs(&mut self) {
         self.scratch.get_mut().expect("scratch lock").graphs.clear();
     }
 
@@ -516,7 +521,7 @@ impl CudaModel {
     /// keep their bits.
     pub fn set_many_from(&mut self, rows: usize) {
         self.k.many_from = rows;
-        self.scratch.get_mut().expect("scratch lock").graphs.clear();
+        self.forget_graphs();
     }
 
     /// Makes every many-row matmul take the tensor-core tile `name`
@@ -531,7 +536,7 @@ impl CudaModel {
                     .ok_or_else(|| CudaError::Invalid(format!("no many-row tile {n}")))?,
             ),
         };
-        self.scratch.get_mut().expect("scratch lock").graphs.clear();
+        self.forget_graphs();
         Ok(())
     }
 
@@ -736,10 +741,7 @@ impl CudaModel {
         self.mark(|| {
             let kernel = match kind {
                 Kind::Few(tiles) => format!("tensor {}", few_kernel(tiles)),
-                Kind::Many(tile) => {
-                    let (c, n) = MANY_TILES[tile];
-                    format!("tensor m{c}x{n}")
-                }
+                Kind::Many(tile) => format!("tensor {}", many_tile_name(tile)),
                 Kind::Tile(t) => TILES[t].kernel("fma"),
                 Kind::Any => "fma any".to_string(),
             };

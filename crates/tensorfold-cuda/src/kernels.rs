@@ -4,8 +4,8 @@
 use crate::attention;
 use crate::attention_f32::{attention_shared, ATTENTION_WARPS, NARROW_HEADS};
 use crate::matmul::{
-    few_kernel, forced_many_tile, many_from_env, many_shared, staged_tile, FewRowGrid,
-    MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FORMATS, MANY_TILES, MANY_WARPS, TILES,
+    few_kernel, forced_many_tile, many_from_env, many_shared, many_tile_name, staged_tile,
+    FewRowGrid, MatmulKernels, FEW_SHARED_MAX, FEW_TILES, FORMATS, MANY_TILES, MANY_WARPS, TILES,
 };
 use crate::Result;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
@@ -111,8 +111,8 @@ impl Kernels {
             }
             let mut many = Vec::new();
             let mut resident = Vec::new();
-            for (c, n) in MANY_TILES {
-                let f = tc.load_function(&format!("tc_{name}_m{c}x{n}"))?;
+            for (i, (c, n)) in MANY_TILES.into_iter().enumerate() {
+                let f = tc.load_function(&format!("tc_{name}_{}", many_tile_name(i)))?;
                 let shared = many_shared(format, c, n);
                 f.set_attribute(
                     CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

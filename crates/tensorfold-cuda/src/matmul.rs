@@ -221,11 +221,16 @@ pub(crate) fn forced_many_tile() -> Option<usize> {
     many_tile_named(&std::env::var("TENSORFOLD_CUDA_TILE").ok()?)
 }
 
-/// The index in `MANY_TILES` of the tile `m<C>x<N>` names.
+/// The name of many-row tile `i` (an index in `MANY_TILES`): `m<C>x<N>`,
+/// as its kernels `tc_<format>_m<C>x<N>` end.
+pub(crate) fn many_tile_name(i: usize) -> String {
+    let (c, n) = MANY_TILES[i];
+    format!("m{c}x{n}")
+}
+
+/// The index in `MANY_TILES` of the tile `name` names.
 pub(crate) fn many_tile_named(name: &str) -> Option<usize> {
-    MANY_TILES
-        .iter()
-        .position(|(c, n)| format!("m{c}x{n}") == name)
+    (0..MANY_TILES.len()).find(|&i| many_tile_name(i) == name)
 }
 
 /// Blocks of a many-row launch with tile `(c, n)` for `m` input rows and

@@ -41,7 +41,11 @@ fn tarball_name() -> String {
 /// fetching one (for machines without the package index).
 pub fn ensure(backend: &str, source: Option<&Path>) -> Result<LlamaCpp> {
     let dir = cache_root().join(format!("llama.cpp-{VERSION}"));
-    let build = dir.join(build_name(backend));
+    let flags: Vec<String> = match backend {
+        "cuda" => CUDA_FLAGS.iter().map(|f| f.to_string()).collect(),
+        _ => cpu_flags(),
+    };
+    let build = dir.join(build_name(backend, &flags));
     let bin = build.join("bin");
     let tools = ["llama-bench", "llama-server", "llama-quantize"];
     if tools.iter().all(|t| bin.join(t).is_file()) {
@@ -63,11 +67,8 @@ pub fn ensure(backend: &str, source: Option<&Path>) -> Result<LlamaCpp> {
         .arg("-B")
         .arg(&build)
         .args(["-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release"])
-        .args(COMMON_FLAGS);
-    match backend {
-        "cuda" => configure.args(CUDA_FLAGS),
-        _ => configure.args(cpu_flags()),
-    };
+        .args(COMMON_FLAGS)
+        .args(&flags);
     run(&mut configure, "cmake configure")?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
     run(
@@ -133,14 +134,13 @@ fn cpu_flags() -> Vec<String> {
     }
 }
 
-/// The build folder of `backend`: the CPU's carries its instruction sets,
-/// so that a cache moved to another CPU builds anew.
-fn build_name(backend: &str) -> String {
+/// The build folder of `backend` built with `flags`: the CPU's carries its
+/// instruction sets, so that a cache moved to another CPU builds anew.
+fn build_name(backend: &str, flags: &[String]) -> String {
     match backend {
         "cuda" => "build-cuda".to_string(),
         _ => {
-            let flags = cpu_flags().join(" ");
-            let digest = Sha256::digest(flags.as_bytes());
+            let digest = Sha256::digest(flags.join(" ").as_bytes());
             let tag: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
             format!("build-cpu-{tag}")
         }
