@@ -2,6 +2,9 @@
 //! llama.cpp's on the same random-weight f32 GGUFs, one per new family,
 //! written in llama.cpp's own layout with its gguf-py
 //! (`tests/peer/llama_cpp_families.py` writes them and compares).
+//! `--peer transformers`: every position's logits against PyTorch and
+//! transformers on random f32 weights that transformers writes in the
+//! Hugging Face layout (`tests/peer/transformers_families.py`).
 
 use crate::peer::llama_cpp;
 use crate::{cargo, target_dir, workspace_root};
@@ -14,9 +17,58 @@ pub struct AgreeArgs {
     /// Families to compare (comma-separated); all by default.
     #[arg(long)]
     families: Option<String>,
+    /// The independent engine: `llama.cpp` (greedy replies on GGUFs) or
+    /// `transformers` (logits on Hugging Face files; installs torch and
+    /// transformers with pip where python3 lacks them).
+    #[arg(long, default_value = "llama.cpp")]
+    peer: String,
 }
 
 pub fn run(args: AgreeArgs) -> Result<()> {
+    match args.peer.as_str() {
+        "llama.cpp" => with_llama_cpp(&args),
+        "transformers" => with_transformers(&args),
+        other => bail!("unknown peer '{other}' (llama.cpp or transformers)"),
+    }
+}
+
+fn with_transformers(args: &AgreeArgs) -> Result<()> {
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "tensorfold-models",
+        "--example",
+        "logits",
+    ])?;
+    let has_torch = Command::new("python3")
+        .args(["-c", "import torch, transformers, safetensors"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_torch {
+        crate::pip_install(&["torch", "transformers", "safetensors", "numpy"])?;
+    }
+    let out = target_dir().join("transformers-families");
+    let mut script = Command::new("python3");
+    script
+        .arg(workspace_root().join("tests/peer/transformers_families.py"))
+        .arg("--logits")
+        .arg(target_dir().join("release/examples/logits"))
+        .arg("--out")
+        .arg(&out);
+    if let Some(f) = &args.families {
+        script.args(["--families", f]);
+    }
+    if !script.status()?.success() {
+        bail!(
+            "a family's logits are past the tolerance of transformers' (see {})",
+            out.display()
+        );
+    }
+    Ok(())
+}
+
+fn with_llama_cpp(args: &AgreeArgs) -> Result<()> {
     let peer = llama_cpp::ensure("cpu", None)?;
     cargo(&[
         "build",

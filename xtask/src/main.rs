@@ -63,7 +63,8 @@ enum Task {
         backend: String,
     },
     /// Greedy replies of every family against llama.cpp's on the same
-    /// random-weight GGUFs.
+    /// random-weight GGUFs, or (`--peer transformers`) every position's
+    /// logits against transformers' on the same Hugging Face weights.
     Agree(agree::AgreeArgs),
     /// Every cargo-fuzz target in fuzz/, one after another.
     Fuzz(fuzz::FuzzArgs),

@@ -193,9 +193,12 @@ impl HfDir {
         };
         let hidden = need("hidden_size")?;
         let heads = need("num_attention_heads")?;
+        // Older files name it at the top, transformers 5 in
+        // `rope_parameters`, per layer type where types differ (Gemma 3).
         let theta = c["rope_theta"]
             .as_f64()
             .or(c["rope_parameters"]["rope_theta"].as_f64())
+            .or(family::hf_layer_rope_theta(c, "full_attention"))
             .unwrap_or(10_000.0);
         let tied = c["tie_word_embeddings"].as_bool().unwrap_or(false)
             || !self.index.contains_key("lm_head.weight");

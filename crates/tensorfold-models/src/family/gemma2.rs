@@ -3,7 +3,7 @@
 //! layer (the even ones) attending through a sliding window.
 
 use super::gemma::{base, gguf_query_scale_dim, hf_name, query_scale_dim};
-use super::{any, gguf_count, gguf_need, qwen_expert, Family};
+use super::{any, gguf_count, gguf_need, hf_global_every, qwen_expert, Family};
 use crate::config::{Arch, RopeStyle};
 use crate::error::Result;
 use crate::gguf::Metadata;
@@ -53,10 +53,12 @@ fn gguf_plan(md: &Metadata<'_>) -> Result<Plan> {
 
 fn hf_plan(c: &Value) -> Result<Plan> {
     let cap = |k: &str| c[k].as_f64().map(|v| v as f32);
+    let every = hf_global_every(c)?;
     Ok(Plan {
         sliding_window: c["sliding_window"].as_u64().map(|size| SlidingWindow {
             size: size as usize,
-            global_every: Some(2),
+            // Every other layer, unless `layer_types` says otherwise.
+            global_every: every.unwrap_or(Some(2)),
         }),
         attn_softcap: cap("attn_logit_softcapping"),
         final_softcap: cap("final_logit_softcapping"),

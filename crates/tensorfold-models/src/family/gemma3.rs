@@ -4,7 +4,9 @@
 //! of the global layers (4B and larger) is refused.
 
 use super::gemma::{base, gguf_query_scale_dim, hf_name, query_scale_dim};
-use super::{any, gguf_count, gguf_need, qwen_expert, Family};
+use super::{
+    any, gguf_count, gguf_need, hf_global_every, hf_layer_rope_theta, qwen_expert, Family,
+};
 use crate::config::{Arch, RopeStyle};
 use crate::error::Result;
 use crate::gguf::Metadata;
@@ -64,18 +66,24 @@ fn gguf_plan(md: &Metadata<'_>) -> Result<Plan> {
 }
 
 fn hf_plan(c: &Value) -> Result<Plan> {
+    // `layer_types` (transformers 5) or the older `sliding_window_pattern`.
+    let global_every = match hf_global_every(c)? {
+        Some(every) => every,
+        None => Some(
+            c["sliding_window_pattern"]
+                .as_u64()
+                .map_or(GLOBAL_EVERY, |n| n as usize),
+        ),
+    };
     Ok(Plan {
         sliding_window: c["sliding_window"].as_u64().map(|size| SlidingWindow {
             size: size as usize,
-            global_every: Some(
-                c["sliding_window_pattern"]
-                    .as_u64()
-                    .map_or(GLOBAL_EVERY, |n| n as usize),
-            ),
+            global_every,
         }),
         local_rope_theta: Some(
             c["rope_local_base_freq"]
                 .as_f64()
+                .or_else(|| hf_layer_rope_theta(c, "sliding_attention"))
                 .unwrap_or(LOCAL_ROPE_THETA),
         ),
         final_softcap: c["final_logit_softcapping"].as_f64().map(|v| v as f32),

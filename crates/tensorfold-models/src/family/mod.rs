@@ -131,6 +131,49 @@ pub(crate) fn hf_need(c: &Value, key: &str) -> Result<usize> {
         .ok_or_else(|| ModelError::Malformed(format!("config.json lacks {key}")))
 }
 
+/// The first of `keys` that `config.json` has, as a count (transformers
+/// has renamed some between versions).
+pub(crate) fn hf_need_any(c: &Value, keys: &[&str]) -> Result<usize> {
+    keys.iter()
+        .find_map(|k| c[*k].as_u64())
+        .map(|v| v as usize)
+        .ok_or_else(|| ModelError::Malformed(format!("config.json lacks {}", keys.join(" or "))))
+}
+
+/// The rotary base of a layer type (`full_attention`, `sliding_attention`)
+/// where `config.json` gives one per type (transformers 5's
+/// `rope_parameters`), else `None`.
+pub(crate) fn hf_layer_rope_theta(c: &Value, layer_type: &str) -> Option<f64> {
+    c["rope_parameters"][layer_type]["rope_theta"].as_f64()
+}
+
+/// Which layers slide, from `layer_types` (transformers 5): `None` where
+/// the key is absent, else every `n`-th layer global (`Some(n)`) or every
+/// layer sliding (`None` inside); another pattern is refused.
+pub(crate) fn hf_global_every(c: &Value) -> Result<Option<Option<usize>>> {
+    let Some(types) = c["layer_types"].as_array() else {
+        return Ok(None);
+    };
+    let full: Vec<bool> = types
+        .iter()
+        .map(|t| t.as_str() == Some("full_attention"))
+        .collect();
+    let Some(first) = full.iter().position(|f| *f) else {
+        return Ok(Some(None));
+    };
+    let every = first + 1;
+    let periodic = full
+        .iter()
+        .enumerate()
+        .all(|(i, f)| *f == (i + 1).is_multiple_of(every));
+    if !periodic {
+        return Err(ModelError::Unsupported(format!(
+            "layer_types {types:?}: TensorFold runs a global layer every n layers, or none"
+        )));
+    }
+    Ok(Some(Some(every)))
+}
+
 /// A file of an architecture whose experts this family does not route.
 pub(crate) fn has_experts(md: &Metadata<'_>, arch: &str) -> bool {
     gguf_count(md, arch, "expert_count").is_some_and(|n| n > 0)
@@ -161,4 +204,42 @@ pub fn with_experts() -> String {
         .map(|f| f.name)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn layer_types_give_the_global_layers_or_a_clear_refusal() {
+        let types = |t: &[&str]| json!({ "layer_types": t });
+        let (s, f) = ("sliding_attention", "full_attention");
+        assert_eq!(hf_global_every(&json!({})).unwrap(), None);
+        assert_eq!(
+            hf_global_every(&types(&[s, s, f, s, s, f])).unwrap(),
+            Some(Some(3))
+        );
+        assert_eq!(hf_global_every(&types(&[s, s])).unwrap(), Some(None));
+        assert!(hf_global_every(&types(&[f, s])).is_err());
+        assert!(hf_global_every(&types(&[s, f, f, s])).is_err());
+    }
+
+    #[test]
+    fn per_type_rope_bases_and_renamed_counts_are_read() {
+        let c = json!({
+            "rope_parameters": {
+                "full_attention": { "rope_theta": 1e6 },
+                "sliding_attention": { "rope_theta": 1e4 },
+            },
+            "num_local_experts": 8,
+        });
+        assert_eq!(hf_layer_rope_theta(&c, "full_attention"), Some(1e6));
+        assert_eq!(hf_layer_rope_theta(&c, "sliding_attention"), Some(1e4));
+        assert_eq!(
+            hf_need_any(&c, &["num_experts", "num_local_experts"]).unwrap(),
+            8
+        );
+        assert!(hf_need_any(&c, &["num_experts"]).is_err());
+    }
 }

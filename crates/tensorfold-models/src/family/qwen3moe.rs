@@ -7,7 +7,7 @@
 //! (every expert in one tensor). Hugging Face: `mlp.gate`,
 //! `mlp.experts.E.{gate,up,down}_proj`.
 
-use super::{any, gguf_need, hf_need, qwen_expert, Family};
+use super::{any, gguf_need, hf_need, hf_need_any, qwen_expert, Family};
 use crate::config::{Arch, RopeStyle};
 use crate::error::{ModelError, Result};
 use crate::gguf::Metadata;
@@ -57,7 +57,8 @@ fn hf_plan(c: &Value) -> Result<Plan> {
     }
     Ok(Plan {
         experts: Some(Experts {
-            count: hf_need(c, "num_experts")?,
+            // `num_local_experts` from transformers 5 on.
+            count: hf_need_any(c, &["num_experts", "num_local_experts"])?,
             used: hf_need(c, "num_experts_per_tok")?,
             ff: hf_need(c, "moe_intermediate_size")?,
             norm_top_k: c["norm_topk_prob"].as_bool().unwrap_or(false),
