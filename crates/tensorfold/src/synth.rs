@@ -14,7 +14,8 @@ use tensorfold_models::synth::{write_shaped_gguf, Shape, ShapedReport, ShapedSpe
 /// ChatML control tokens. TensorFold and llama.cpp both load the file.
 #[derive(Args)]
 pub struct SynthArgs {
-    /// llama3-8b, qwen2.5-7b, smollm2, qwen2.5-0.5b or llama3.2-1b.
+    /// llama3-8b, qwen2.5-7b, smollm2, qwen2.5-0.5b, llama3.2-1b or
+    /// qwen3-30b-a3b (a mixture of experts).
     #[arg(long)]
     pub shape: String,
     /// F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K (every

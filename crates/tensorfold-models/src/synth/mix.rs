@@ -16,6 +16,8 @@ pub(crate) enum Role {
     FfnGate,
     FfnUp,
     FfnDown,
+    /// A mixture's router: f32, as llama-quantize leaves `ffn_gate_inp`.
+    Router,
     /// Norm weights and biases: always f32, as llama.cpp keeps 1-D tensors.
     Vector,
 }
@@ -95,7 +97,7 @@ impl SynthQuant {
                 _ => Format::Q4K,
             },
         };
-        if role == Role::Vector {
+        if matches!(role, Role::Vector | Role::Router) {
             Format::F32
         } else {
             format

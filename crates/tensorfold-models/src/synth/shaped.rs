@@ -70,11 +70,13 @@ struct Planned {
 }
 
 impl Planned {
+    /// Rows (every expert's, for a tensor of experts) and their length.
     fn rows_cols(&self) -> (usize, usize) {
         match self.header.shape[..] {
+            [experts, rows, cols] => (experts * rows, cols),
             [rows, cols] => (rows, cols),
             [len] => (1, len),
-            _ => unreachable!("synthetic tensors are 1-D or 2-D"),
+            _ => unreachable!("synthetic tensors are 1-D to 3-D"),
         }
     }
 }
@@ -85,13 +87,16 @@ fn plan(spec: &ShapedSpec) -> Vec<Planned> {
     let (h, ff, v) = (s.hidden_size, s.intermediate_size, s.vocab_size);
     let (qw, kvw) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
     let mut out = Vec::new();
-    let mut add = |name: String, rows: usize, cols: usize, role: Role, layer: usize| {
+    // A tensor of `dims` (row-major, rows of the last), stored as `role`
+    // is in layer `layer`.
+    let mut add = |name: String, dims: &[usize], role: Role, layer: usize| {
+        let cols = *dims.last().expect("a tensor has a dimension");
         let wanted = spec.quant.target(role, layer, s.layers, s.tied_embeddings);
         let format = fallback(wanted, cols).unwrap_or(wanted);
         let (shape, values) = match role {
             Role::Vector if name.ends_with(".bias") => (vec![cols], Values::Bias),
             Role::Vector => (vec![cols], Values::Norm),
-            _ => (vec![rows, cols], Values::Matrix),
+            _ => (dims.to_vec(), Values::Matrix),
         };
         out.push(Planned {
             header: TensorHeader {
@@ -103,31 +108,51 @@ fn plan(spec: &ShapedSpec) -> Vec<Planned> {
             values,
         });
     };
-    add("token_embd.weight".into(), v, h, Role::TokenEmbd, 0);
+    add("token_embd.weight".into(), &[v, h], Role::TokenEmbd, 0);
     for i in 0..s.layers {
         let n = |t: &str| format!("blk.{i}.{t}");
-        add(n("attn_norm.weight"), 1, h, Role::Vector, i);
-        add(n("attn_q.weight"), qw, h, Role::AttnQ, i);
-        add(n("attn_k.weight"), kvw, h, Role::AttnK, i);
-        add(n("attn_v.weight"), kvw, h, Role::AttnV, i);
+        add(n("attn_norm.weight"), &[1, h], Role::Vector, i);
+        add(n("attn_q.weight"), &[qw, h], Role::AttnQ, i);
+        add(n("attn_k.weight"), &[kvw, h], Role::AttnK, i);
+        add(n("attn_v.weight"), &[kvw, h], Role::AttnV, i);
         if s.arch == Arch::Qwen2 {
-            add(n("attn_q.bias"), 1, qw, Role::Vector, i);
-            add(n("attn_k.bias"), 1, kvw, Role::Vector, i);
-            add(n("attn_v.bias"), 1, kvw, Role::Vector, i);
+            add(n("attn_q.bias"), &[1, qw], Role::Vector, i);
+            add(n("attn_k.bias"), &[1, kvw], Role::Vector, i);
+            add(n("attn_v.bias"), &[1, kvw], Role::Vector, i);
         }
-        if s.arch == Arch::Qwen3 {
-            add(n("attn_q_norm.weight"), 1, s.head_dim, Role::Vector, i);
-            add(n("attn_k_norm.weight"), 1, s.head_dim, Role::Vector, i);
+        if s.qk_norm() {
+            add(n("attn_q_norm.weight"), &[1, s.head_dim], Role::Vector, i);
+            add(n("attn_k_norm.weight"), &[1, s.head_dim], Role::Vector, i);
         }
-        add(n("attn_output.weight"), h, qw, Role::AttnOutput, i);
-        add(n("ffn_norm.weight"), 1, h, Role::Vector, i);
-        add(n("ffn_gate.weight"), ff, h, Role::FfnGate, i);
-        add(n("ffn_up.weight"), ff, h, Role::FfnUp, i);
-        add(n("ffn_down.weight"), h, ff, Role::FfnDown, i);
+        add(n("attn_output.weight"), &[h, qw], Role::AttnOutput, i);
+        add(n("ffn_norm.weight"), &[1, h], Role::Vector, i);
+        match s.experts {
+            Some(e) => {
+                add(n("ffn_gate_inp.weight"), &[e.count, h], Role::Router, i);
+                add(
+                    n("ffn_gate_exps.weight"),
+                    &[e.count, e.ff, h],
+                    Role::FfnGate,
+                    i,
+                );
+                add(n("ffn_up_exps.weight"), &[e.count, e.ff, h], Role::FfnUp, i);
+                add(
+                    n("ffn_down_exps.weight"),
+                    &[e.count, h, e.ff],
+                    Role::FfnDown,
+                    i,
+                );
+            }
+            None => {
+                add(n("ffn_gate.weight"), &[ff, h], Role::FfnGate, i);
+                add(n("ffn_up.weight"), &[ff, h], Role::FfnUp, i);
+                add(n("ffn_down.weight"), &[h, ff], Role::FfnDown, i);
+            }
+        }
     }
-    add("output_norm.weight".into(), 1, h, Role::Vector, 0);
+    add("output_norm.weight".into(), &[1, h], Role::Vector, 0);
     if !s.tied_embeddings {
-        add("output.weight".into(), v, h, Role::Output, 0);
+        add("output.weight".into(), &[v, h], Role::Output, 0);
     }
     out
 }
@@ -203,6 +228,14 @@ fn metadata(spec: &ShapedSpec) -> Result<Vec<(String, Value)>> {
         ("rope.dimension_count", u32v(s.head_dim)),
     ];
     meta.extend(model.into_iter().map(|(k, v)| (format!("{arch}.{k}"), v)));
+    if let Some(e) = s.experts {
+        let experts = [
+            ("expert_count", u32v(e.count)),
+            ("expert_used_count", u32v(e.used)),
+            ("expert_feed_forward_length", u32v(e.ff)),
+        ];
+        meta.extend(experts.into_iter().map(|(k, v)| (format!("{arch}.{k}"), v)));
+    }
     meta.extend(Vocabulary::new(s.vocab_size)?.metadata(s.pre_tokenizer));
     Ok(meta)
 }
@@ -274,6 +307,7 @@ pub fn write_shaped_gguf(path: &Path, spec: &ShapedSpec) -> Result<ShapedReport>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Experts;
     use crate::{GgufFile, Logits};
 
     /// A Llama whose rows are all whole k-quant super-blocks, small enough
@@ -335,6 +369,64 @@ mod tests {
         assert_eq!(md.str("tokenizer.ggml.pre"), Some("llama3"));
         let bundle = crate::load(&path).unwrap();
         assert_eq!(bundle.eos_ids, [511], "<|im_end|> ends a reply");
+        let mut cache = tensorfold_kv::KvCache::new(bundle.model.config.kv_shape());
+        let logits = bundle.model.forward(&[1, 2, 3], &mut cache, Logits::Last);
+        assert!(logits.iter().all(|x| x.is_finite()));
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// The mixture-of-experts shape, small: its experts go in one tensor
+    /// each, as llama.cpp stores them, the router stays f32, and the model
+    /// loads with the file's expert counts and runs.
+    #[test]
+    fn a_mixture_of_experts_writes_llama_cpps_tensors_and_runs() {
+        let path = tmp("moe.gguf");
+        let full = Shape::named("qwen3-30b-a3b").unwrap();
+        let spec = ShapedSpec {
+            shape: Shape {
+                name: "test-moe",
+                vocab_size: 512,
+                hidden_size: 256,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 128,
+                experts: full.experts.map(|e| Experts {
+                    count: 8,
+                    used: 2,
+                    ff: 256,
+                    ..e
+                }),
+                ..full
+            }
+            .with_layers(2),
+            quant: SynthQuant::Q4KM,
+            seed: 3,
+        };
+        let report = write_shaped_gguf(&path, &spec).unwrap();
+        assert_eq!(report.parameters, spec.shape.parameters());
+        let file = GgufFile::open(&path).unwrap();
+        let shapes: BTreeMap<String, Vec<usize>> = file
+            .tensors()
+            .unwrap()
+            .into_iter()
+            .map(|(n, shape, _)| (n, shape))
+            .collect();
+        assert_eq!(shapes["blk.1.ffn_gate_exps.weight"], [8, 256, 256]);
+        assert_eq!(shapes["blk.1.ffn_down_exps.weight"], [8, 256, 256]);
+        assert_eq!(shapes["blk.1.attn_q_norm.weight"], [128]);
+        let formats = formats_of(&path);
+        assert_eq!(formats["blk.0.ffn_gate_inp.weight"], Format::F32);
+        assert_eq!(formats["blk.0.ffn_up_exps.weight"], Format::Q4K);
+        // Of two layers, `use_more_bits` picks the last.
+        assert_eq!(formats["blk.0.ffn_down_exps.weight"], Format::Q4K);
+        assert_eq!(formats["blk.1.ffn_down_exps.weight"], Format::Q6K);
+        assert_eq!(file.metadata().usize("qwen3moe.expert_used_count"), Some(2));
+        let bundle = crate::load(&path).unwrap();
+        let plan = bundle.model.config.plan;
+        assert_eq!(
+            plan.experts.map(|e| (e.count, e.used, e.ff)),
+            Some((8, 2, 256))
+        );
         let mut cache = tensorfold_kv::KvCache::new(bundle.model.config.kv_shape());
         let logits = bundle.model.forward(&[1, 2, 3], &mut cache, Logits::Last);
         assert!(logits.iter().all(|x| x.is_finite()));

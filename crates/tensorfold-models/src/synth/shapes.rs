@@ -5,6 +5,7 @@
 //! tied. The weights and the vocabulary's strings are synthetic.
 
 use crate::config::Arch;
+use crate::plan::Experts;
 
 /// A model's shape and the hyper-parameters its GGUF metadata carries.
 #[derive(Debug, Clone, PartialEq)]
@@ -31,11 +32,14 @@ pub struct Shape {
     /// `tokenizer.ggml.pre`: the pre-tokenizer llama.cpp and TensorFold
     /// apply before BPE.
     pub pre_tokenizer: &'static str,
+    /// The routed experts that replace the dense MLP (`intermediate_size`
+    /// is then unused).
+    pub experts: Option<Experts>,
 }
 
 impl Shape {
     /// Every shape `tensorfold synth` knows.
-    pub fn all() -> [Shape; 5] {
+    pub fn all() -> [Shape; 6] {
         [
             Shape {
                 name: "llama3-8b",
@@ -52,6 +56,7 @@ impl Shape {
                 context_length: 32_768,
                 tied_embeddings: false,
                 pre_tokenizer: "llama3",
+                experts: None,
             },
             Shape {
                 name: "qwen2.5-7b",
@@ -68,6 +73,7 @@ impl Shape {
                 context_length: 32_768,
                 tied_embeddings: false,
                 pre_tokenizer: "qwen2",
+                experts: None,
             },
             Shape {
                 name: "smollm2",
@@ -84,6 +90,7 @@ impl Shape {
                 context_length: 32_768,
                 tied_embeddings: true,
                 pre_tokenizer: "smollm",
+                experts: None,
             },
             Shape {
                 name: "qwen2.5-0.5b",
@@ -100,6 +107,7 @@ impl Shape {
                 context_length: 32_768,
                 tied_embeddings: true,
                 pre_tokenizer: "qwen2",
+                experts: None,
             },
             Shape {
                 name: "llama3.2-1b",
@@ -118,6 +126,29 @@ impl Shape {
                 context_length: 32_768,
                 tied_embeddings: true,
                 pre_tokenizer: "llama3",
+                experts: None,
+            },
+            Shape {
+                name: "qwen3-30b-a3b",
+                arch: Arch::Qwen3Moe,
+                vocab_size: 151_936,
+                hidden_size: 2048,
+                intermediate_size: 6144,
+                layers: 48,
+                heads: 32,
+                kv_heads: 4,
+                head_dim: 128,
+                rms_eps: 1e-6,
+                rope_theta: 1_000_000.0,
+                context_length: 32_768,
+                tied_embeddings: false,
+                pre_tokenizer: "qwen2",
+                experts: Some(Experts {
+                    count: 128,
+                    used: 8,
+                    ff: 768,
+                    norm_top_k: true,
+                }),
             },
         ]
     }
@@ -141,15 +172,24 @@ impl Shape {
     pub fn parameters(&self) -> usize {
         let (h, ff, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let (qw, kvw) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
-        let mut per_layer = 2 * h * qw + 2 * h * kvw + 3 * h * ff + 2 * h;
+        let mlp = match self.experts {
+            Some(e) => e.count * (h + 3 * h * e.ff),
+            None => 3 * h * ff,
+        };
+        let mut per_layer = 2 * h * qw + 2 * h * kvw + mlp + 2 * h;
         if self.arch == Arch::Qwen2 {
             per_layer += qw + 2 * kvw;
         }
-        if self.arch == Arch::Qwen3 {
+        if self.qk_norm() {
             per_layer += 2 * self.head_dim;
         }
         let heads = if self.tied_embeddings { 1 } else { 2 };
         heads * v * h + h + self.layers * per_layer
+    }
+
+    /// Whether the blocks norm each query and key head (Qwen3's families).
+    pub(crate) fn qk_norm(&self) -> bool {
+        matches!(self.arch, Arch::Qwen3 | Arch::Qwen3Moe)
     }
 }
 
@@ -166,12 +206,15 @@ mod tests {
             ("smollm2", 130),
             ("qwen2.5-0.5b", 490),
             ("llama3.2-1b", 1_230),
+            ("qwen3-30b-a3b", 30_530),
         ];
         for (name, millions) in expected {
             let shape = Shape::named(name).unwrap();
             let got = shape.parameters() / 10_000_000 * 10;
             assert_eq!(got, millions, "{name}: {}", shape.parameters());
-            assert_eq!(shape.hidden_size, shape.heads * shape.head_dim, "{name}");
+            if shape.experts.is_none() {
+                assert_eq!(shape.hidden_size, shape.heads * shape.head_dim, "{name}");
+            }
         }
         assert!(Shape::named("gpt-5").is_none());
     }
