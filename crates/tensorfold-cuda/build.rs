@@ -19,7 +19,14 @@ fn main() {
         .map(|h| PathBuf::from(h).join("bin/nvcc"))
         .unwrap_or_else(|_| PathBuf::from("nvcc"));
     let cap = std::env::var("CUDA_COMPUTE_CAP").unwrap_or_else(|_| "90".into());
-    for name in ["matmul", "tensor", "ops", "attention", "sampling"] {
+    for name in [
+        "matmul",
+        "tensor",
+        "ops",
+        "attention",
+        "experts",
+        "sampling",
+    ] {
         let src = kernels.join(format!("{name}.cu"));
         let ptx = out.join(format!("{name}.fatbin"));
         // Full-precision division, square root and denormals, and no

@@ -163,6 +163,13 @@ __device__ __forceinline__ float tf_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
 }
 
+// gelu(g) * u, GELU in its tanh form: 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))),
+// in the order the CPU forward multiplies.
+__device__ __forceinline__ float tf_gelu_tanh_mul(float g, float u) {
+    const float inner = __fmul_rn(__fmul_rn(0.7978846f, g), __fadd_rn(1.0f, __fmul_rn(__fmul_rn(0.044715f, g), g)));
+    return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, tanhf(inner))), u);
+}
+
 // The fixed xor tree over a warp's 32 lane values: every lane gets the sum.
 __device__ __forceinline__ float tf_warp_sum(float v) {
 #pragma unroll

@@ -24,9 +24,12 @@ __device__ __forceinline__ float tf_warp_max(float v) {
     return v;
 }
 
-// One row of the embedding table per block: out[r] = decode(W[tokens[r]]).
+// An embedding times `scale` (Gemma's sqrt(hidden)); 1 leaves it as it is.
+__device__ __forceinline__ float tf_scaled(float v, float scale) { return scale == 1.f ? v : __fmul_rn(v, scale); }
+
+// One row of the embedding table per block: out[r] = decode(W[tokens[r]]) * scale.
 template <int FMT>
-__device__ void tf_embed(const uint8_t* W, const long long* tokens, float* out, int K) {
+__device__ void tf_embed(const uint8_t* W, const long long* tokens, float* out, int K, float scale) {
     const int r = blockIdx.x;
     const uint8_t* row = W + (size_t)tokens[r] * tf_row_bytes(FMT, K);
     float* o = out + (size_t)r * K;
@@ -37,29 +40,30 @@ __device__ void tf_embed(const uint8_t* W, const long long* tokens, float* out, 
             float w[8];
             tf_get8<FMT>(t, s, w);
 #pragma unroll
-            for (int e = 0; e < 8; e++) o[32 * u + 8 * s + e] = w[e];
+            for (int e = 0; e < 8; e++) o[32 * u + 8 * s + e] = tf_scaled(w[e], scale);
         }
     }
 }
 
-extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tokens, float* out, int K) {
+extern "C" __global__ void embed(int fmt, const uint8_t* W, const long long* tokens, float* out, int K,
+                                 float scale) {
     tf_after_prior();
     if (K & 31) {
         // Rows narrower than whole units come as f32 (the host widens them).
         const float* row = reinterpret_cast<const float*>(W) + (size_t)tokens[blockIdx.x] * K;
-        for (int i = threadIdx.x; i < K; i += blockDim.x) out[(size_t)blockIdx.x * K + i] = row[i];
+        for (int i = threadIdx.x; i < K; i += blockDim.x) out[(size_t)blockIdx.x * K + i] = tf_scaled(row[i], scale);
         return;
     }
     switch (fmt) {
-        case TF_F32: tf_embed<TF_F32>(W, tokens, out, K); break;
-        case TF_F16: tf_embed<TF_F16>(W, tokens, out, K); break;
-        case TF_BF16: tf_embed<TF_BF16>(W, tokens, out, K); break;
-        case TF_Q4_0: tf_embed<TF_Q4_0>(W, tokens, out, K); break;
-        case TF_Q4_1: tf_embed<TF_Q4_1>(W, tokens, out, K); break;
-        case TF_Q5_0: tf_embed<TF_Q5_0>(W, tokens, out, K); break;
-        case TF_Q8_0: tf_embed<TF_Q8_0>(W, tokens, out, K); break;
-        case TF_Q4K: tf_embed<TF_Q4K>(W, tokens, out, K); break;
-        case TF_Q6K: tf_embed<TF_Q6K>(W, tokens, out, K); break;
+        case TF_F32: tf_embed<TF_F32>(W, tokens, out, K, scale); break;
+        case TF_F16: tf_embed<TF_F16>(W, tokens, out, K, scale); break;
+        case TF_BF16: tf_embed<TF_BF16>(W, tokens, out, K, scale); break;
+        case TF_Q4_0: tf_embed<TF_Q4_0>(W, tokens, out, K, scale); break;
+        case TF_Q4_1: tf_embed<TF_Q4_1>(W, tokens, out, K, scale); break;
+        case TF_Q5_0: tf_embed<TF_Q5_0>(W, tokens, out, K, scale); break;
+        case TF_Q8_0: tf_embed<TF_Q8_0>(W, tokens, out, K, scale); break;
+        case TF_Q4K: tf_embed<TF_Q4K>(W, tokens, out, K, scale); break;
+        case TF_Q6K: tf_embed<TF_Q6K>(W, tokens, out, K, scale); break;
     }
 }
 
@@ -222,14 +226,28 @@ __device__ __forceinline__ float4 tf_h4_f(const __half* p) {
 // sum does not depend on which lane keeps it).
 __device__ __forceinline__ int tf_dim(int lane, int t) { return 128 * (t >> 2) + 4 * lane + (t & 3); }
 
+// A score as the plan shapes it: scaled, then soft-capped to
+// `cap * tanh(score / cap)` where `cap` is not 0 (Gemma 2).
+__device__ __forceinline__ float tf_score(float dot, float scale, float cap) {
+    const float s = __fmul_rn(dot, scale);
+    return cap == 0.f ? s : __fmul_rn(cap, tanhf(__fdiv_rn(s, cap)));
+}
+
+// The first key a query at `pos` sees: 0, or with a sliding window of
+// `window` keys (0: none), its own and the window - 1 before it.
+__device__ __forceinline__ long long tf_first_key(long long pos, int window) {
+    return window > 0 ? max(0LL, pos + 1 - window) : 0LL;
+}
+
 // One key block scored for R query rows of one sequence (queries hd
-// apart at `qs`, `valid[r]` keys for row r): each lane takes keys lane and
-// 32 + lane, each row's score of a key one sequential chain over the
-// dimensions. The rows share every key load; a row's arithmetic is the
-// same for any R.
+// apart at `qs`; row r sees keys `from[r]..valid[r]` of the block, at
+// least one): each lane takes keys lane and 32 + lane, each row's score of
+// a key one sequential chain over the dimensions. The rows share every
+// key load; a row's arithmetic is the same for any R.
 template <int R>
-__device__ __forceinline__ void tf_key_blocks(const float* qs, const __half* kb, size_t stride, const int valid[R],
-                                              int lane, int hd, float scale, TfKeyBlock b[R]) {
+__device__ __forceinline__ void tf_key_blocks(const float* qs, const __half* kb, size_t stride, const int from[R],
+                                              const int valid[R], int lane, int hd, float scale, float softcap,
+                                              TfKeyBlock b[R]) {
     int most = 0;
 #pragma unroll
     for (int r = 0; r < R; r++) most = max(most, valid[r]);
@@ -255,9 +273,9 @@ __device__ __forceinline__ void tf_key_blocks(const float* qs, const __half* kb,
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const bool ok[2] = {lane < valid[r], 32 + lane < valid[r]};
-        const float s[2] = {ok[0] ? __fmul_rn(a[r][0], scale) : -INFINITY,
-                            ok[1] ? __fmul_rn(a[r][1], scale) : -INFINITY};
+        const bool ok[2] = {from[r] <= lane && lane < valid[r], from[r] <= 32 + lane && 32 + lane < valid[r]};
+        const float s[2] = {ok[0] ? tf_score(a[r][0], scale, softcap) : -INFINITY,
+                            ok[1] ? tf_score(a[r][1], scale, softcap) : -INFINITY};
         b[r].max = tf_warp_max(fmaxf(s[0], s[1]));
 #pragma unroll
         for (int half = 0; half < 2; half++) b[r].p[half] = ok[half] ? expf(__fsub_rn(s[half], b[r].max)) : 0.f;
@@ -376,7 +394,7 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
                                              float scale, const long long* row_pos, const long long* row_seq,
                                              const unsigned long long* k_base, const unsigned long long* v_base,
                                              const long long* cap, int layer, float* out, uint32_t* out16, int M,
-                                             int rows, int hb, int stage) {
+                                             int rows, int hb, int stage, int window, float softcap) {
     constexpr int R = TF_ATT_ROWS;
     extern __shared__ float4 staged4[];
     __half* staged_kv = reinterpret_cast<__half*>(staged4);
@@ -390,15 +408,18 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
 
     // Key ranges: of all the block's rows, and of those staged.
     const long long sq0 = row_seq[r0];
-    long long n_all = 0, n_staged = 0;
+    long long n_all = 0, n_staged = 0, first_all = 0x7fffffffffffffffLL;
     for (int i = 0; i < rows && r0 + i < M; i++) {
         const long long ni = row_pos[r0 + i] + 1;
         n_all = max(n_all, ni);
+        first_all = min(first_all, tf_first_key(row_pos[r0 + i], window));
         if (stage && row_seq[r0 + i] == sq0) n_staged = max(n_staged, ni);
     }
+    // The first block any row sees (blocks keep their places from 0).
+    const long long b_start = first_all / TF_KEY_BLOCK * TF_KEY_BLOCK;
     // This warp's rows: their sequence, keys, cache and query.
     bool live[R], staged[R];
-    long long seq[R], n[R];
+    long long seq[R], n[R], lo[R];
     const __half *K[R], *V[R];
 #pragma unroll
     for (int i = 0; i < R; i++) {
@@ -406,6 +427,7 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
         live[i] = first + i < rows && r < M;
         seq[i] = live[i] ? row_seq[r] : sq0;
         n[i] = live[i] ? row_pos[r] + 1 : 0;
+        lo[i] = live[i] ? tf_first_key(row_pos[r], window) : 0;
         staged[i] = stage && seq[i] == sq0;
         const size_t off = (size_t)layer * cap[seq[i]] * kvw + (size_t)kvh * hd;
         K[i] = reinterpret_cast<const __half*>(k_base[seq[i]]) + off;
@@ -441,16 +463,19 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
     };
     // The keys of block b + 1 land while block b's values are summed, and
     // its values while its keys are scored.
-    stage_block(K0, staged_kv, 0);
-    stage_block(V0, staged_v, 0);
-    for (long long b0 = 0; b0 < n_all; b0 += TF_KEY_BLOCK) {
-        int valid[R];
+    stage_block(K0, staged_kv, b_start);
+    stage_block(V0, staged_v, b_start);
+    for (long long b0 = b_start; b0 < n_all; b0 += TF_KEY_BLOCK) {
+        int valid[R], from[R];
         bool any = false;
         const __half *kb[R], *vb[R];
         size_t stride[R];
 #pragma unroll
         for (int i = 0; i < R; i++) {
-            valid[i] = live[i] && b0 < n[i] ? (int)min((long long)TF_KEY_BLOCK, n[i] - b0) : 0;
+            // A block wholly before a row's window is not that row's.
+            const bool seen = live[i] && b0 < n[i] && b0 + TF_KEY_BLOCK > lo[i];
+            valid[i] = seen ? (int)min((long long)TF_KEY_BLOCK, n[i] - b0) : 0;
+            from[i] = (int)max(0LL, lo[i] - b0);
             any = any || valid[i] > 0;
             // This block's keys: staged (stride hd + 4) or in the cache.
             kb[i] = staged[i] ? staged_kv : K[i] + (size_t)b0 * kvw;
@@ -461,13 +486,14 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
         __syncthreads();
         TfKeyBlock b[R];
         if (together) {
-            if (any) tf_key_blocks<R>(qs, kb[0], stride[0], valid, lane, hd, scale, b);
+            if (any) tf_key_blocks<R>(qs, kb[0], stride[0], from, valid, lane, hd, scale, softcap, b);
         } else {
 #pragma unroll
             for (int i = 0; i < R; i++) {
-                const int one[1] = {valid[i]};
+                const int one[1] = {valid[i]}, one_from[1] = {from[i]};
                 TfKeyBlock bi[1];
-                if (one[0] > 0) tf_key_blocks<1>(qs + i * hd, kb[i], stride[i], one, lane, hd, scale, bi);
+                if (one[0] > 0)
+                    tf_key_blocks<1>(qs + i * hd, kb[i], stride[i], one_from, one, lane, hd, scale, softcap, bi);
                 b[i] = bi[0];
             }
         }
@@ -507,10 +533,10 @@ __device__ __forceinline__ void tf_attention(const float* __restrict__ q, int he
         NAME(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,                  \
              const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,       \
              const unsigned long long* v_base, const long long* cap, int layer, float* out,              \
-             uint32_t* out16, int M, int rows, int hb, int stage) {                                      \
+             uint32_t* out16, int M, int rows, int hb, int stage, int window, float softcap) {           \
         tf_after_prior();                                                                                \
         tf_attention<NT>(q, heads, kv_heads, hd, scale, row_pos, row_seq, k_base, v_base, cap, layer, out, \
-                         out16, M, rows, hb, stage);                                                     \
+                         out16, M, rows, hb, stage, window, softcap);                                    \
     }
 TF_ATTENTION(attention, TF_MAX_HD / 32)
 TF_ATTENTION(attention_128, 4)
@@ -526,7 +552,8 @@ __device__ __forceinline__ void tf_attention_split(const float* __restrict__ q, 
                                                    float scale, const long long* row_pos, const long long* row_seq,
                                                    const unsigned long long* k_base,
                                                    const unsigned long long* v_base, const long long* cap,
-                                                   int layer, float* out, uint32_t* out16) {
+                                                   int layer, float* out, uint32_t* out16, int window,
+                                                   float softcap) {
     extern __shared__ float4 shared4[];
     float* qs = reinterpret_cast<float*>(shared4);
     float* parts = qs + hd;
@@ -542,14 +569,16 @@ __device__ __forceinline__ void tf_attention_split(const float* __restrict__ q, 
 
     TfSoftmax<NT> f;
     tf_softmax_start(f);
+    // Blocks from the first the window reaches, in place from position 0.
+    const long long lo = tf_first_key(n - 1, window), first = lo / TF_KEY_BLOCK;
     const long long blocks = (n + TF_KEY_BLOCK - 1) / TF_KEY_BLOCK;
-    for (long long g0 = 0; g0 < blocks; g0 += warps) {
+    for (long long g0 = first; g0 < blocks; g0 += warps) {
         if (g0 + warp < blocks) {
             const long long b0 = (g0 + warp) * TF_KEY_BLOCK;
             const int valid = (int)min((long long)TF_KEY_BLOCK, n - b0);
-            const int valids[1] = {valid};
+            const int valids[1] = {valid}, froms[1] = {(int)max(0LL, lo - b0)};
             TfKeyBlock b[1];
-            tf_key_blocks<1>(qs, K + (size_t)b0 * kvw, kvw, valids, lane, hd, scale, b);
+            tf_key_blocks<1>(qs, K + (size_t)b0 * kvw, kvw, froms, valids, lane, hd, scale, softcap, b);
             float o[1][NT];
             tf_key_block_values<1, NT, 64 / NT>(b, V + (size_t)b0 * kvw, kvw, valids, lane, hd, o);
             float* part = parts + warp * (hd + 2);
@@ -581,18 +610,19 @@ __device__ __forceinline__ void tf_attention_split(const float* __restrict__ q, 
         NAME(const float* __restrict__ q, int heads, int kv_heads, int hd, float scale,                    \
              const long long* row_pos, const long long* row_seq, const unsigned long long* k_base,         \
              const unsigned long long* v_base, const long long* cap, int layer, float* out,                \
-             uint32_t* out16) {                                                                            \
+             uint32_t* out16, int window, float softcap) {                                                 \
         tf_after_prior();                                                                                  \
         tf_attention_split<NT>(q, heads, kv_heads, hd, scale, row_pos, row_seq, k_base, v_base, cap, layer, \
-                               out, out16);                                                                \
+                               out, out16, window, softcap);                                               \
     }
 TF_ATTENTION_SPLIT(attention_split, TF_MAX_HD / 32)
 TF_ATTENTION_SPLIT(attention_split_128, 4)
 
-// act[r, e] = silu(gu[r, e]) * gu[r, ff + e], where gu holds gate | up.
-// And the same in f16 to `act16` (tf_store_h16) unless it is null, which
-// needs ff a multiple of 32 (so a row's fours sit in four lanes of a warp).
-extern "C" __global__ void silu_mul(const float* gu, float* act, uint32_t* act16, int M, int ff) {
+// act[r, e] = f(gu[r, e]) * gu[r, ff + e], where gu holds gate | up and f
+// is SiLU, or GELU (tanh form) where `gelu` is not 0. And the same in f16
+// to `act16` (tf_store_h16) unless it is null, which needs ff a multiple
+// of 32 (so a row's fours sit in four lanes of a warp).
+extern "C" __global__ void gated_mul(const float* gu, float* act, uint32_t* act16, int M, int ff, int gelu) {
     tf_after_prior();
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const bool in = i < (size_t)M * ff;
@@ -600,7 +630,7 @@ extern "C" __global__ void silu_mul(const float* gu, float* act, uint32_t* act16
     float a = 0.f;
     if (in) {
         const float g = gu[r * 2 * ff + e], u = gu[r * 2 * ff + ff + e];
-        a = tf_silu_mul(g, u);
+        a = gelu ? tf_gelu_tanh_mul(g, u) : tf_silu_mul(g, u);
         act[i] = a;
     }
     if (act16) {
@@ -609,4 +639,29 @@ extern "C" __global__ void silu_mul(const float* gu, float* act, uint32_t* act16
                                      __shfl_sync(0xffffffffu, a, base + 2), __shfl_sync(0xffffffffu, a, base + 3));
         if (in && (threadIdx.x & 3) == 0) tf_store_h16(act16 + r * (ff / 2), (int)(e / 4), v);
     }
+}
+
+// x[r] += rmsnorm(y[r]) * w: the norm after attention or after the MLP
+// (Gemma) before the residual add. One block per row; the squares sum
+// element by element at a stride of the block, then a fixed tree.
+extern "C" __global__ void __launch_bounds__(TF_NORM_THREADS)
+    rmsnorm_add(float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ w, int H, float eps) {
+    __shared__ float sh[TF_NORM_THREADS / 32];
+    tf_after_prior();
+    const float* yr = y + (size_t)blockIdx.x * H;
+    float* xr = x + (size_t)blockIdx.x * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS) ss = __fmaf_rn(yr[i], yr[i], ss);
+    ss = tf_block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(__fadd_rn(ss / (float)H, eps));
+    for (int i = threadIdx.x; i < H; i += TF_NORM_THREADS)
+        xr[i] = __fadd_rn(xr[i], __fmul_rn(__fmul_rn(yr[i], scale), w[i]));
+}
+
+// v[i] = cap * tanh(v[i] / cap) for the first n values: final logits
+// soft-capped (Gemma 2).
+extern "C" __global__ void softcap(float* v, long long n, float cap) {
+    tf_after_prior();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) v[i] = __fmul_rn(cap, tanhf(__fdiv_rn(v[i], cap)));
 }

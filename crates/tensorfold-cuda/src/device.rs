@@ -1,6 +1,8 @@
 //! The model on the device and its forward: weights, scratch buffers,
 //! captured graphs and every launch of a forward.
 
+mod experts;
+
 use crate::attention;
 use crate::attention_f32::{
     attention_shared, attention_tile, split_attention, split_shared, ATTENTION_ROWS, NARROW_HEADS,
@@ -21,11 +23,12 @@ use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptu
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
 };
+use experts::{DevExperts, ExpertScratch};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use tensorfold_models::{Logits, Model, ModelConfig, RopeStyle, Seq};
+use tensorfold_models::{rotary_angle, Activation, Logits, Model, ModelConfig, RopeStyle, Seq};
 use tensorfold_quant::{Encoding, Format, Matrix, Storage};
 use tensorfold_sampling::{Draw, SeqRows};
 
@@ -80,8 +83,14 @@ enum GateUp {
     /// the 8 up rows of the same columns: its product lands as
     /// silu(gate) * up (`Out::Gated`).
     Gated(DevMatrix),
-    /// gate | up side by side, then `silu_mul`.
+    /// gate | up side by side, then `gated_mul`.
     Split(Linear),
+}
+
+/// A block's feed-forward part.
+enum Mlp {
+    Dense { gate_up: GateUp, down: DevMatrix },
+    Experts(DevExperts),
 }
 
 struct DevBlock {
@@ -94,8 +103,11 @@ struct DevBlock {
     k_norm: Option<CudaSlice<f32>>,
     o: DevMatrix,
     ffn_norm: CudaSlice<f32>,
-    gate_up: GateUp,
-    down: DevMatrix,
+    mlp: Mlp,
+    /// Norms of the attention output and of the MLP output before each is
+    /// added to the residual (Gemma).
+    post_attn_norm: Option<CudaSlice<f32>>,
+    post_ffn_norm: Option<CudaSlice<f32>>,
 }
 
 /// Buffers reused across forwards, grown to the largest call seen.
@@ -106,7 +118,10 @@ struct Scratch {
     meta: usize,
     bufs: Option<Bufs>,
     rope_len: usize,
+    /// Cosines and sines of every position: of the model's rotary base,
+    /// and of the sliding layers' own base where the plan has one.
     rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    local_rope: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     graphs: Graphs,
     picks: PickBufs,
     /// The split attention's partials (`attention::partial_floats`), for
@@ -123,6 +138,8 @@ struct Bufs {
     attn: CudaSlice<f32>,
     gu: CudaSlice<f32>,
     act: CudaSlice<f32>,
+    /// An attention or MLP output on its way to a post norm.
+    proj: CudaSlice<f32>,
     picked: CudaSlice<f32>,
     logits: CudaSlice<f32>,
     meta: CudaSlice<u64>,
@@ -156,6 +173,9 @@ struct Plan {
     pick: u64,
     cos: u64,
     sin: u64,
+    /// The sliding layers' tables (the global ones where they share them).
+    local_cos: u64,
+    local_sin: u64,
     x: u64,
     xn: u64,
     qkv: u64,
@@ -163,6 +183,7 @@ struct Plan {
     attn: u64,
     gu: u64,
     act: u64,
+    proj: u64,
     picked: u64,
     logits: u64,
     /// f16 copies of matmul inputs (0: none, the width is not a multiple
@@ -225,6 +246,8 @@ pub struct CudaModel {
     weight_bytes: usize,
     bytes_per_token: usize,
     scratch: Mutex<Scratch>,
+    /// The buffers of the mixture-of-experts blocks.
+    experts: Mutex<ExpertScratch>,
     /// Picks tokens from the logits rows (`sampling.cu`).
     sampler: SampleKernel,
     /// Whether draws are picked on the device (see `device_picks_from_env`).
@@ -293,11 +316,11 @@ impl CudaModel {
     /// matrices with `kernels`.
     pub fn upload_with(model: &Model, ordinal: usize, kernels: MatmulKernels) -> Result<CudaModel> {
         let c = model.config.clone();
-        let missing = c.plan.features();
-        if !missing.is_empty() {
+        // The one combination these kernels leave out: a mixture's slots
+        // are added to the residual as they are summed.
+        if c.plan.experts.is_some() && c.plan.post_norms {
             return Err(CudaError::Unsupported(format!(
-                "{} ({}); run it on the CPU",
-                missing.join(", "),
+                "mixture of experts with post-MLP norms ({}); run it on the CPU",
                 c.arch.name()
             )));
         }
@@ -324,7 +347,12 @@ impl CudaModel {
         let sampler = SampleKernel::load(&ctx)?;
         // The few-row kernel keeps one partial sum per segment of a row
         // (and Q8_0 has the widest segment copies).
-        let inputs = c.hidden_size.max(c.intermediate_size).max(c.q_width());
+        let expert_ff = c.plan.experts.map_or(0, |e| e.ff);
+        let inputs = c
+            .hidden_size
+            .max(c.intermediate_size)
+            .max(expert_ff)
+            .max(c.q_width());
         let segments = inputs.div_ceil(SEGMENT);
         if k.tensor.iter().any(Option::is_some)
             && few_shared(Format::Q8_0, segments, FEW_WARPS, 1) > FEW_SHARED_MAX
@@ -384,10 +412,12 @@ impl CudaModel {
         };
         // gate | up, interleaved by 8 rows where the tensor cores multiply
         // them as one matrix, so that the SiLU runs in the product's store.
+        let silu = c.plan.activation == Activation::Silu;
         let gate_up = |gate: &Matrix, up: &Matrix| -> Result<GateUp> {
             let (g, u) = (on_device(gate)?, on_device(up)?);
             let (ff, code) = (g.rows(), fmt_code(g.format())?);
-            if g.format() != u.format()
+            if !silu
+                || g.format() != u.format()
                 || u.rows() != ff
                 || !ff.is_multiple_of(8)
                 || k.tensor[code].is_none()
@@ -421,8 +451,21 @@ impl CudaModel {
                 k_norm: opt(&b.k_norm)?,
                 o: mat(&b.o)?,
                 ffn_norm: vec(&b.ffn_norm)?,
-                gate_up: gate_up(&b.gate, &b.up)?,
-                down: mat(&b.down)?,
+                mlp: match &b.experts {
+                    Some(e) => Mlp::Experts(DevExperts {
+                        router: mat(&e.router)?,
+                        gate_up: (e.gate.iter().zip(&e.up))
+                            .map(|(g, u)| linear(&[g, u]))
+                            .collect::<Result<_>>()?,
+                        down: e.down.iter().map(mat).collect::<Result<_>>()?,
+                    }),
+                    None => Mlp::Dense {
+                        gate_up: gate_up(&b.gate, &b.up)?,
+                        down: mat(&b.down)?,
+                    },
+                },
+                post_attn_norm: opt(&b.post_attn_norm)?,
+                post_ffn_norm: opt(&b.post_ffn_norm)?,
             });
         }
         let embed = mat(&model.embed)?;
@@ -441,6 +484,7 @@ impl CudaModel {
             blocks,
             norm,
             scratch: Mutex::new(Scratch::default()),
+            experts: Mutex::new(ExpertScratch::default()),
             sampler,
             device_picks: device_picks_from_env(),
             profiling: AtomicBool::new(false),
@@ -762,7 +806,15 @@ impl CudaModel {
         let c = &self.config;
         let m = p.m;
         let (heads, kv_heads, hd) = (c.heads as i32, c.kv_heads as i32, c.head_dim as i32);
-        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let plan = &c.plan;
+        let scale = 1.0 / (plan.query_scale_dim.unwrap_or(c.head_dim) as f32).sqrt();
+        // The f32 kernels' window (0: none) and score cap (0: none); the
+        // tensor-core ones serve models with neither (`tc_attention`).
+        let window = plan
+            .sliding_window
+            .filter(|w| w.applies_to(layer as usize))
+            .map_or(0, |w| w.size as i32);
+        let softcap = plan.attn_softcap.unwrap_or(0.0);
         let (q, attn, attn16) = (p.q, p.attn, p.attn16);
         let group = c.heads / c.kv_heads;
         let tc = self.tc_attention();
@@ -817,13 +869,21 @@ impl CudaModel {
                     shared_mem_bytes: attention::shared(c.head_dim) as u32,
                 }
             }
-            (None, true) => LaunchConfig {
-                grid_dim: (m as u32, c.heads as u32, 1),
-                block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
-                shared_mem_bytes: split_shared(c.head_dim) as u32,
-            },
+            (None, true) => {
+                lb.arg(&window).arg(&softcap);
+                LaunchConfig {
+                    grid_dim: (m as u32, c.heads as u32, 1),
+                    block_dim: (32 * SPLIT_WARPS as u32, 1, 1),
+                    shared_mem_bytes: split_shared(c.head_dim) as u32,
+                }
+            }
             (None, false) => {
-                lb.arg(&mi).arg(&rows_i).arg(&hb_i).arg(&stage);
+                lb.arg(&mi)
+                    .arg(&rows_i)
+                    .arg(&hb_i)
+                    .arg(&stage)
+                    .arg(&window)
+                    .arg(&softcap);
                 let warps = rows.div_ceil(ATTENTION_ROWS) * hb;
                 LaunchConfig {
                     grid_dim: blocks,
@@ -850,8 +910,14 @@ impl CudaModel {
         }
     }
 
-    /// The tensor-core attention for this model's head dimension, if any.
+    /// The tensor-core attention for this model's head dimension, if any
+    /// (and if the model's attention has no sliding window and no score
+    /// cap, which only the f32 kernels apply).
     fn tc_attention(&self) -> Option<&TcAttention> {
+        let plan = &self.config.plan;
+        if plan.sliding_window.is_some() || plan.attn_softcap.is_some() {
+            return None;
+        }
         self.k
             .attention_tc
             .iter()
@@ -955,6 +1021,7 @@ impl CudaModel {
             attn: st.alloc_zeros(rows * qw)?,
             gu: st.alloc_zeros(rows * 2 * ff)?,
             act: st.alloc_zeros(rows * ff)?,
+            proj: st.alloc_zeros(if c.plan.post_norms { rows * h } else { 1 })?,
             picked: st.alloc_zeros(pick * h)?,
             logits: st.alloc_zeros(pick * c.vocab_size)?,
             meta: st.alloc_zeros(meta)?,
@@ -1013,21 +1080,24 @@ impl CudaModel {
         }
         let c = &self.config;
         let len = need.max(2 * s.rope_len).max(c.max_positions.min(1 << 15));
-        let half = c.head_dim / 2;
-        let (mut cos, mut sin) = (
-            Vec::with_capacity(len * half),
-            Vec::with_capacity(len * half),
-        );
-        for pos in 0..len {
-            for i in 0..half {
-                let freq = c.rope_theta.powf(-((2 * i) as f64) / c.head_dim as f64);
-                let angle = pos as f64 * freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+        let table = |theta: f64| -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+            let half = c.head_dim / 2;
+            let (mut cos, mut sin) = (
+                Vec::with_capacity(len * half),
+                Vec::with_capacity(len * half),
+            );
+            for pos in 0..len {
+                for i in 0..half {
+                    let angle = rotary_angle(theta, c.head_dim, i, pos);
+                    cos.push(angle.cos() as f32);
+                    sin.push(angle.sin() as f32);
+                }
             }
-        }
+            Ok((self.stream.clone_htod(&cos)?, self.stream.clone_htod(&sin)?))
+        };
         s.graphs.clear();
-        s.rope = Some((self.stream.clone_htod(&cos)?, self.stream.clone_htod(&sin)?));
+        s.rope = Some(table(c.rope_theta)?);
+        s.local_rope = c.plan.local_rope_theta.map(table).transpose()?;
         s.rope_len = len;
         Ok(())
     }
@@ -1037,7 +1107,9 @@ impl CudaModel {
     /// shapes with many rows, where kernel time dwarfs launch time, and
     /// devices that refuse capture run the launches directly.
     fn run(&self, graphs: &mut Graphs, plan: &Plan) -> Result<()> {
-        if plan.m > GRAPH_MAX_ROWS || self.profiling.load(Ordering::Relaxed) {
+        // A mixture waits for its routing on the host: no graph holds that.
+        let routed = self.config.plan.experts.is_some();
+        if routed || plan.m > GRAPH_MAX_ROWS || self.profiling.load(Ordering::Relaxed) {
             return self.enqueue(plan);
         }
         let key = (plan.m, plan.seqs, plan.picks, plan.attention_splits);
@@ -1097,8 +1169,17 @@ impl CudaModel {
         self.mark_start()?;
         {
             let (code, wp, hk) = (self.embed.code as i32, ptr(&self.embed.data, st), h as i32);
+            let scale = match c.plan.embed_scale {
+                true => (h as f32).sqrt(),
+                false => 1.0,
+            };
             let mut b = Launch::new(&self.k.embed);
-            b.arg(&code).arg(&wp).arg(&tokens_p).arg(&x).arg(&hk);
+            b.arg(&code)
+                .arg(&wp)
+                .arg(&tokens_p)
+                .arg(&x)
+                .arg(&hk)
+                .arg(&scale);
             let cfg = LaunchConfig {
                 grid_dim: (m as u32, 1, 1),
                 block_dim: (128, 1, 1),
@@ -1115,6 +1196,11 @@ impl CudaModel {
         let interleaved = (c.rope_style == RopeStyle::Interleaved) as i32;
         for (l, b) in self.blocks.iter().enumerate() {
             let layer = l as i32;
+            let sliding = c.plan.sliding_window.is_some_and(|w| w.applies_to(l));
+            let (cos, sin) = match sliding {
+                true => (p.local_cos, p.local_sin),
+                false => (cos, sin),
+            };
             self.rmsnorm(x, 0, ptr(&b.attn_norm, st), xn, xn16, m, h)?;
             self.linear(&b.qkv, xn, xn16, qkv, m)?;
             {
@@ -1152,27 +1238,27 @@ impl CudaModel {
                 self.mark(|| "qkv_post".into())?;
             }
             self.attention(p, layer)?;
-            self.matmul(&b.o, attn, attn16, x, m, h, Out::Add)?;
+            self.residual_add(&b.post_attn_norm, p, m, |out, mode| {
+                self.matmul(&b.o, attn, attn16, out, m, h, mode)
+            })?;
             self.rmsnorm(x, 0, ptr(&b.ffn_norm, st), xn, xn16, m, h)?;
-            match &b.gate_up {
-                GateUp::Gated(w) => self.matmul(w, xn, xn16, act, m, ff, Out::Gated(act16))?,
-                GateUp::Split(l) => {
-                    self.linear(l, xn, xn16, gu, m)?;
-                    let (mi, fi) = (m as i32, ff as i32);
-                    let mut lb = Launch::new(&self.k.silu_mul);
-                    lb.arg(&gu).arg(&act).arg(&act16).arg(&mi).arg(&fi);
-                    let cfg = LaunchConfig {
-                        grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: matches `silu_mul`; `gu` holds `m * 2ff`, `act` `m * ff`,
-                    // `act16` (unless 0) `m * ff / 2` words with `ff` a multiple of 32.
-                    unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
-                    self.mark(|| "silu_mul".into())?;
+            match &b.mlp {
+                Mlp::Experts(e) => self.mixture(e, xn, xn16, x, m)?,
+                Mlp::Dense { gate_up, down } => {
+                    match gate_up {
+                        GateUp::Gated(w) => {
+                            self.matmul(w, xn, xn16, act, m, ff, Out::Gated(act16))?
+                        }
+                        GateUp::Split(l) => {
+                            self.linear(l, xn, xn16, gu, m)?;
+                            self.gated_mul(gu, act, act16, m, ff)?;
+                        }
+                    }
+                    self.residual_add(&b.post_ffn_norm, p, m, |out, mode| {
+                        self.matmul(down, act, act16, out, m, h, mode)
+                    })?;
                 }
             }
-            self.matmul(&b.down, act, act16, x, m, h, Out::Add)?;
         }
 
         if p.picks > 0 {
@@ -1195,8 +1281,74 @@ impl CudaModel {
                 vocab,
                 Out::Set,
             )?;
+            if let Some(cap) = c.plan.final_softcap {
+                let n = (p.picks * vocab) as i64;
+                let mut lb = Launch::new(&self.k.softcap);
+                lb.arg(&p.logits).arg(&n).arg(&cap);
+                let cfg = LaunchConfig {
+                    grid_dim: ((n as usize).div_ceil(256) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: matches `softcap` in ops.cu; `logits` holds the
+                // picked rows' `n` logits.
+                unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
+                self.mark(|| "softcap".into())?;
+            }
         }
         Ok(())
+    }
+
+    /// `act = f(gate) * up` from `gu` (gate | up, `ff` each, `m` rows),
+    /// SiLU or GELU as the plan says, with its f16 copy in `act16` unless 0.
+    fn gated_mul(&self, gu: u64, act: u64, act16: u64, m: usize, ff: usize) -> Result<()> {
+        let (mi, fi) = (m as i32, ff as i32);
+        let gelu = (self.config.plan.activation == Activation::GeluTanh) as i32;
+        let mut lb = Launch::new(&self.k.gated_mul);
+        lb.arg(&gu)
+            .arg(&act)
+            .arg(&act16)
+            .arg(&mi)
+            .arg(&fi)
+            .arg(&gelu);
+        let cfg = LaunchConfig {
+            grid_dim: ((m * ff).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `gated_mul`; `gu` holds `m * 2ff`, `act` `m * ff`,
+        // `act16` (unless 0) `m * ff / 2` words with `ff` a multiple of 32.
+        unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
+        self.mark(|| "gated_mul".into())
+    }
+
+    /// Adds a product to the residual `p.x`: `product(out, mode)` writes it
+    /// straight there, or, with a post norm, to `p.proj`, whose norm is
+    /// then added.
+    fn residual_add(
+        &self,
+        post_norm: &Option<CudaSlice<f32>>,
+        p: &Plan,
+        m: usize,
+        product: impl FnOnce(u64, Out) -> Result<()>,
+    ) -> Result<()> {
+        let Some(norm) = post_norm else {
+            return product(p.x, Out::Add);
+        };
+        product(p.proj, Out::Set)?;
+        let (h, eps) = (self.config.hidden_size as i32, self.config.rms_eps);
+        let w = ptr(norm, &self.stream);
+        let mut lb = Launch::new(&self.k.rmsnorm_add);
+        lb.arg(&p.x).arg(&p.proj).arg(&w).arg(&h).arg(&eps);
+        let cfg = LaunchConfig {
+            grid_dim: (m as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: matches `rmsnorm_add` in ops.cu; `x` and `proj` (sized
+        // when the plan has post norms) hold `m` rows of `h`, `w` `h`.
+        unsafe { lb.launch(&self.stream, cfg, self.k.early) }?;
+        self.mark(|| "rmsnorm_add".into())
     }
 
     /// Runs several sequences in one forward: their rows share every matmul
@@ -1301,6 +1453,10 @@ impl CudaModel {
         bufs.host_meta.as_mut_slice()?[..meta.len()].copy_from_slice(&meta);
         st.memcpy_htod(&bufs.host_meta, &mut bufs.meta)?;
         let (cos, sin) = sc.rope.as_ref().expect("rope");
+        let (local_cos, local_sin) = match &sc.local_rope {
+            Some((cos, sin)) => (cos, sin),
+            None => (cos, sin),
+        };
         let bufs = sc.bufs.as_ref().expect("scratch");
         let mp = ptr(&bufs.meta, st);
         let kb = mp + 24 * m as u64;
@@ -1323,6 +1479,8 @@ impl CudaModel {
             pick: kb + 24 * ns as u64,
             cos: ptr(cos, st),
             sin: ptr(sin, st),
+            local_cos: ptr(local_cos, st),
+            local_sin: ptr(local_sin, st),
             x: ptr(&bufs.x, st),
             xn: ptr(&bufs.xn, st),
             qkv: ptr(&bufs.qkv, st),
@@ -1330,6 +1488,7 @@ impl CudaModel {
             attn: ptr(&bufs.attn, st),
             gu: ptr(&bufs.gu, st),
             act: ptr(&bufs.act, st),
+            proj: ptr(&bufs.proj, st),
             picked: ptr(&bufs.picked, st),
             logits: ptr(&bufs.logits, st),
             xn16: opt_ptr(&bufs.xn16, st),

@@ -18,6 +18,7 @@ pub(crate) static TENSOR_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/
 pub(crate) static OPS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ops.fatbin"));
 pub(crate) static ATTENTION_BIN: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/attention.fatbin"));
+pub(crate) static EXPERTS_BIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/experts.fatbin"));
 
 /// `TENSORFOLD_CUDA_EARLY_LAUNCH=0` keeps every kernel from starting before
 /// the previous one ends; anything else (or nothing) lets them, on GPUs
@@ -41,7 +42,7 @@ pub(crate) fn attention_split_from_env() -> bool {
 }
 
 pub(crate) struct Kernels {
-    pub(crate) _modules: [Arc<CudaModule>; 4],
+    pub(crate) _modules: [Arc<CudaModule>; 5],
     /// The device's streaming multiprocessors.
     pub(crate) multiprocessors: usize,
     pub(crate) few_grid: FewRowGrid,
@@ -78,7 +79,16 @@ pub(crate) struct Kernels {
     /// The tensor-core attention, which its head dimensions take instead
     /// of the ones above.
     pub(crate) attention_tc: Vec<TcAttention>,
-    pub(crate) silu_mul: CudaFunction,
+    /// `act(gate) * up`, SiLU or GELU.
+    pub(crate) gated_mul: CudaFunction,
+    /// The norms after attention and after the MLP, added to the residual.
+    pub(crate) rmsnorm_add: CudaFunction,
+    /// Final logits soft-capped.
+    pub(crate) softcap: CudaFunction,
+    /// A mixture of experts' steps around its matmuls (`experts.cu`).
+    pub(crate) gather_rows: CudaFunction,
+    pub(crate) scatter_weighted: CudaFunction,
+    pub(crate) add_slots: CudaFunction,
 }
 
 /// `attention_tc_<hd>` and `attention_fold_<hd>` (its split form's fold).
@@ -173,6 +183,7 @@ impl Kernels {
                 fold: att.load_function(&fold)?,
             });
         }
+        let experts = ctx.load_module(Ptx::from_binary(EXPERTS_BIN.to_vec()))?;
         let major =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         Ok(Kernels {
@@ -194,8 +205,13 @@ impl Kernels {
             attention_split: ops.load_function("attention_split")?,
             attention_split_128: ops.load_function("attention_split_128")?,
             attention_tc,
-            silu_mul: ops.load_function("silu_mul")?,
-            _modules: [mm, tc, ops, att],
+            gated_mul: ops.load_function("gated_mul")?,
+            rmsnorm_add: ops.load_function("rmsnorm_add")?,
+            softcap: ops.load_function("softcap")?,
+            gather_rows: experts.load_function("gather_rows")?,
+            scatter_weighted: experts.load_function("scatter_weighted")?,
+            add_slots: experts.load_function("add_slots")?,
+            _modules: [mm, tc, ops, att, experts],
         })
     }
 }

@@ -40,6 +40,17 @@ fn cases() -> Vec<(Arch, Format, bool)> {
         (Arch::Qwen3, Format::Q4K, false),
         (Arch::Llama, Format::Bf16, true),
         (Arch::Qwen2, Format::F32, true),
+        // The families beyond the baseline: sliding windows, soft-caps,
+        // GELU, post norms, scaled embeddings, a local rotary base and
+        // mixtures of experts.
+        (Arch::Mistral, Format::Q4_0, false),
+        (Arch::Phi3, Format::Q8_0, false),
+        (Arch::Gemma2, Format::Q4_1, false),
+        (Arch::Gemma3, Format::Q4K, false),
+        (Arch::Qwen3Moe, Format::Q5_0, false),
+        (Arch::Mixtral, Format::Q6K, false),
+        (Arch::Gemma2, Format::F32, true),
+        (Arch::Qwen3Moe, Format::Bf16, true),
     ]
 }
 

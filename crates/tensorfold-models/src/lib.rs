@@ -37,7 +37,7 @@ pub use decoder::{Block, Model};
 pub use error::{ModelError, Result};
 pub use gguf::GgufFile;
 pub use hf::HfDir;
-pub use moe::ExpertWeights;
+pub use moe::{route_experts, ExpertWeights};
 pub use plan::{rotary_angle, Activation, Experts, NormKind, Plan, SlidingWindow};
 pub use tensorfold_forward::{Forward, ForwardError, Logits, Seq};
 pub use tensorfold_quant::{set_float_products, Affine, Encoding, Format, QuantRule, ScaleDtype};

@@ -56,8 +56,9 @@ fn gelu_tanh(x: f32) -> f32 {
 
 /// A row's chosen experts and their weights, best first (ties to the
 /// lower index): the softmax over every expert's logit, the top `used`,
-/// renormalized when the plan says so.
-fn route(e: &Experts, logits: &[f32]) -> Vec<(usize, f32)> {
+/// renormalized when the plan says so. A function of the row's logits
+/// alone; every backend routes with it.
+pub fn route_experts(e: &Experts, logits: &[f32]) -> Vec<(usize, f32)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
     let sum: f64 = exps.iter().map(|&x| x as f64).sum();
@@ -89,8 +90,10 @@ pub(crate) fn mixture(
     let h = xn.len() / m;
     let mut logits = vec![0f32; m * e.count];
     w.router.matmul(xn, m, &mut logits);
-    let routes: Vec<Vec<(usize, f32)>> =
-        logits.chunks_exact(e.count).map(|l| route(e, l)).collect();
+    let routes: Vec<Vec<(usize, f32)>> = logits
+        .chunks_exact(e.count)
+        .map(|l| route_experts(e, l))
+        .collect();
 
     // Each (row, slot)'s weighted expert output.
     let mut slots = vec![0f32; m * e.used * h];
@@ -150,7 +153,7 @@ mod tests {
             ff: 1,
             norm_top_k: true,
         };
-        let r = route(&e, &[0.0, 2.0, 1.0, 2.0]);
+        let r = route_experts(&e, &[0.0, 2.0, 1.0, 2.0]);
         assert_eq!(r.iter().map(|x| x.0).collect::<Vec<_>>(), [1, 3]);
         assert!((r[0].1 - 0.5).abs() < 1e-6 && (r[1].1 - 0.5).abs() < 1e-6);
     }
