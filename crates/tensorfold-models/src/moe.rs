@@ -57,14 +57,16 @@ fn gelu_tanh(x: f32) -> f32 {
 /// A row's chosen experts and their weights, best first (ties to the
 /// lower index): the softmax over every expert's logit, the top `used`,
 /// renormalized when the plan says so. A function of the row's logits
-/// alone; every backend routes with it.
+/// alone; every backend routes with it. The choice ranks the logits
+/// themselves: the softmax keeps their order, and ranking its rounded
+/// values would turn two close logits into a tie.
 pub fn route_experts(e: &Experts, logits: &[f32]) -> Vec<(usize, f32)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let exps: Vec<f32> = logits.iter().map(|l| (l - max).exp()).collect();
     let sum: f64 = exps.iter().map(|&x| x as f64).sum();
     let inverse = (1.0 / sum) as f32;
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| exps[b].total_cmp(&exps[a]).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     let mut chosen: Vec<(usize, f32)> = order[..e.used]
         .iter()
         .map(|&i| (i, exps[i] * inverse))
@@ -144,6 +146,21 @@ pub(crate) fn mixture(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two logits whose softmax values round to one float: the larger
+    /// logit still comes first.
+    #[test]
+    fn routing_ranks_logits_not_their_rounded_softmax() {
+        let e = Experts {
+            count: 2,
+            used: 1,
+            ff: 1,
+            norm_top_k: false,
+        };
+        let logits = [0.0, 1e-8];
+        assert_eq!((-1e-8f32).exp(), 1.0, "the softmax cannot tell them apart");
+        assert_eq!(route_experts(&e, &logits)[0].0, 1);
+    }
 
     #[test]
     fn routing_keeps_the_top_k_renormalized() {
