@@ -32,22 +32,33 @@ pub fn run(args: AgreeArgs) -> Result<()> {
     }
 }
 
-fn with_transformers(args: &AgreeArgs) -> Result<()> {
+/// Builds `example` of tensorfold-models, and installs `packages` with pip
+/// unless python3 already imports `modules`.
+fn prepare(example: &str, modules: &str, packages: &[&str]) -> Result<()> {
     cargo(&[
         "build",
         "--release",
         "-p",
         "tensorfold-models",
         "--example",
-        "logits",
+        example,
     ])?;
-    let has_torch = Command::new("python3")
-        .args(["-c", "import torch, transformers, safetensors"])
+    let present = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
         .status()
         .is_ok_and(|s| s.success());
-    if !has_torch {
-        crate::pip_install(&["torch", "transformers", "safetensors", "numpy"])?;
+    if !present {
+        crate::pip_install(packages)?;
     }
+    Ok(())
+}
+
+fn with_transformers(args: &AgreeArgs) -> Result<()> {
+    prepare(
+        "logits",
+        "torch, transformers, safetensors",
+        &["torch", "transformers", "safetensors", "numpy"],
+    )?;
     let out = target_dir().join("transformers-families");
     let mut script = Command::new("python3");
     script
@@ -70,21 +81,7 @@ fn with_transformers(args: &AgreeArgs) -> Result<()> {
 
 fn with_llama_cpp(args: &AgreeArgs) -> Result<()> {
     let peer = llama_cpp::ensure("cpu", None)?;
-    cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "tensorfold-models",
-        "--example",
-        "greedy",
-    ])?;
-    let has_numpy = Command::new("python3")
-        .args(["-c", "import numpy"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_numpy {
-        crate::pip_install(&["numpy"])?;
-    }
+    prepare("greedy", "numpy", &["numpy"])?;
     let out = target_dir().join("peer-families");
     let mut script = Command::new("python3");
     script
