@@ -159,8 +159,9 @@ mod avx512 {
     }
 
     /// Blocks of 32 with one `f16` scale first (and, with `MINS`, the
-    /// `f16` minimum after it), sixteen at a time: one gather reads the
-    /// sixteen leading words.
+    /// `f16` minimum after it), sixteen at a time: the sixteen leading
+    /// words are read one by one into a register (plain loads pipeline on
+    /// every x86; a gather is microcoded and slow on some, AMD's Zen 4).
     #[target_feature(enable = "avx512f,avx512bw")]
     fn one_scale<const BYTES: usize, const MINS: bool>(
         source: &[u8],
@@ -169,18 +170,15 @@ mod avx512 {
     ) -> usize {
         let groups = (half_scales.len() / 2).min(source.len() / BYTES) / 16;
         assert!(!MINS || block_mins.len() >= 16 * groups);
-        let step = BYTES as i32;
-        let offsets = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(step),
-        );
         let (low, high) = (doubled(0), doubled(8));
         for g in 0..groups {
-            // SAFETY: the first four bytes of blocks `16 g..16 g + 16`, in
-            // `source` (`groups` is bounded by its length).
-            let words = unsafe {
-                _mm512_i32gather_epi32::<1>(offsets, source.as_ptr().add(16 * g * BYTES) as _)
-            };
+            let blocks = &source[16 * g * BYTES..][..16 * BYTES];
+            let leading: [u32; 16] = std::array::from_fn(|i| {
+                let at = i * BYTES;
+                u32::from_le_bytes([blocks[at], blocks[at + 1], blocks[at + 2], blocks[at + 3]])
+            });
+            // SAFETY: `leading` holds sixteen 32-bit words.
+            let words = unsafe { _mm512_loadu_si512(leading.as_ptr() as *const _) };
             let scales = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
             let (first, second) = (
                 _mm512_permutexvar_ps(low, scales),
