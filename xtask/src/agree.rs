@@ -59,22 +59,29 @@ fn with_transformers(args: &AgreeArgs) -> Result<()> {
         "torch, transformers, safetensors",
         &["torch", "transformers", "safetensors", "numpy"],
     )?;
-    let out = target_dir().join("transformers-families");
     let mut script = Command::new("python3");
     script
         .arg(workspace_root().join("tests/peer/transformers_families.py"))
         .arg("--logits")
-        .arg(target_dir().join("release/examples/logits"))
-        .arg("--out")
-        .arg(&out);
+        .arg(target_dir().join("release/examples/logits"));
+    run_script(
+        script,
+        "transformers-families",
+        args,
+        "a family's logits are past the tolerance of transformers'",
+    )
+}
+
+/// Runs a comparison script with its output folder (under the target
+/// directory) and the chosen families; `failure` says what a failure means.
+fn run_script(mut script: Command, out: &str, args: &AgreeArgs, failure: &str) -> Result<()> {
+    let out = target_dir().join(out);
+    script.arg("--out").arg(&out);
     if let Some(f) = &args.families {
         script.args(["--families", f]);
     }
     if !script.status()?.success() {
-        bail!(
-            "a family's logits are past the tolerance of transformers' (see {})",
-            out.display()
-        );
+        bail!("{failure} (see {})", out.display());
     }
     Ok(())
 }
@@ -82,7 +89,6 @@ fn with_transformers(args: &AgreeArgs) -> Result<()> {
 fn with_llama_cpp(args: &AgreeArgs) -> Result<()> {
     let peer = llama_cpp::ensure("cpu", None)?;
     prepare("greedy", "numpy", &["numpy"])?;
-    let out = target_dir().join("peer-families");
     let mut script = Command::new("python3");
     script
         .arg(workspace_root().join("tests/peer/llama_cpp_families.py"))
@@ -91,17 +97,11 @@ fn with_llama_cpp(args: &AgreeArgs) -> Result<()> {
         .arg("--greedy")
         .arg(target_dir().join("release/examples/greedy"))
         .arg("--gguf-py")
-        .arg(llama_cpp::tree().join("gguf-py"))
-        .arg("--out")
-        .arg(&out);
-    if let Some(f) = &args.families {
-        script.args(["--families", f]);
-    }
-    if !script.status()?.success() {
-        bail!(
-            "a family's greedy replies differ from llama.cpp's (see {})",
-            out.display()
-        );
-    }
-    Ok(())
+        .arg(llama_cpp::tree().join("gguf-py"));
+    run_script(
+        script,
+        "peer-families",
+        args,
+        "a family's greedy replies differ from llama.cpp's",
+    )
 }

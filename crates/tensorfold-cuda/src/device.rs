@@ -233,6 +233,19 @@ struct Graph(CudaGraph);
 // any thread of its context.
 unsafe impl Send for Graph {}
 
+/// Room for the f16 copy (`tf_store_h16`) of `rows` inputs `width` wide,
+/// which only widths that are a multiple of 32 have.
+fn half_words(
+    stream: &Arc<CudaStream>,
+    rows: usize,
+    width: usize,
+) -> Result<Option<CudaSlice<u32>>> {
+    Ok(match width.is_multiple_of(32) {
+        true => Some(stream.alloc_zeros(rows * width / 2)?),
+        false => None,
+    })
+}
+
 /// A decoder whose weights live on one GPU.
 pub struct CudaModel {
     ctx: Arc<CudaContext>,
@@ -1005,12 +1018,7 @@ impl CudaModel {
             c.intermediate_size,
         );
         let st = &self.stream;
-        let half_words = |rows: usize, width: usize| -> Result<Option<CudaSlice<u32>>> {
-            Ok(match width.is_multiple_of(32) {
-                true => Some(st.alloc_zeros(rows * width / 2)?),
-                false => None,
-            })
-        };
+        let half_words = |rows, width| half_words(st, rows, width);
         s.graphs.clear();
         s.bufs = None;
         s.bufs = Some(Bufs {

@@ -8,7 +8,7 @@
 //! host's routing waits for the router, so these forwards are not captured
 //! as graphs.
 
-use super::{CudaModel, DevMatrix, Linear, Out};
+use super::{half_words, CudaModel, DevMatrix, Linear, Out};
 use crate::launch::{opt_ptr, ptr, Launch};
 use crate::Result;
 use cudarc::driver::{CudaSlice, LaunchConfig};
@@ -112,12 +112,7 @@ impl CudaModel {
         }
         let h = self.config.hidden_size;
         let st = &self.stream;
-        let half_words = |rows: usize, width: usize| -> Result<Option<CudaSlice<u32>>> {
-            Ok(match width.is_multiple_of(32) {
-                true => Some(st.alloc_zeros(rows * width / 2)?),
-                false => None,
-            })
-        };
+        let half_words = |rows, width| half_words(st, rows, width);
         let rows = m.max(s.rows);
         s.bufs = None;
         s.bufs = Some(ExpertBufs {
