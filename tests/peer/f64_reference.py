@@ -52,6 +52,9 @@ class Llama:
         q = self.rope((h @ t[p + "attn_q.weight"].T).reshape(n, self.heads, hd), positions)
         k = self.rope((h @ t[p + "attn_k.weight"].T).reshape(n, self.kv_heads, hd), positions)
         v = (h @ t[p + "attn_v.weight"].T).reshape(n, self.kv_heads, hd)
+        # Both engines keep keys and values in f16 (llama.cpp's default cache
+        # type): the exact forward of what they compute rounds them too.
+        k, v = (a.astype(np.float16).astype(np.float64) for a in (k, v))
         out = np.zeros((n, self.heads, hd))
         mask = np.triu(np.full((n, n), -np.inf), 1)
         for head in range(self.heads):

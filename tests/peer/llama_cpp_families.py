@@ -202,13 +202,19 @@ def main():
     ap.add_argument("--out", default="target/peer-families")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--port", type=int, default=18431)
-    ap.add_argument("--llama-args", default="", help="extra llama-server flags, e.g. '-fa off'")
+    # llama.cpp's CPU flash attention adds a row's weighted values in an f16
+    # accumulator; without it they are added in f32, as TensorFold adds them,
+    # so the engines part only where f32 rounding tips a near tie.
+    ap.add_argument("--llama-args", default="-fa off", help="llama-server flags beyond the fixed ones")
     a = ap.parse_args()
     sys.path.insert(0, a.gguf_py)
     os.makedirs(a.out, exist_ok=True)
     ok = True
     report = {}
-    for i, name in enumerate(a.families.split(",")):
+    for name in a.families.split(","):
+        # A family's seeds follow its place in FAMILIES, not in --families,
+        # so a subset run writes and asks the same as the full run.
+        i = list(FAMILIES).index(name)
         # Each engine may run on another machine: the files are written
         # once and reused, and each engine's replies kept beside them.
         model = os.path.join(a.out, f"{name}-f32.gguf")
