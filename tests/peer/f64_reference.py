@@ -1,5 +1,6 @@
-"""An independent forward in f64 (numpy) for the `llama` architecture of the
-random-weight family files (Mistral; Mixtral's experts), to arbitrate a
+"""An independent forward in f64 (numpy) for the `llama` and `phi3`
+architectures of the random-weight family files (Mistral, Mixtral's
+experts; Phi-3's fused projections), to arbitrate a
 prompt on which TensorFold's and llama.cpp's greedy replies part: both
 engines round in f32, so where a near tie (a router's second and third
 expert, two logits) falls, one of them may part from the exact result.
@@ -20,7 +21,7 @@ def greedy(model, prompt, n):
 
 
 def supports(family):
-    return family["arch"] == "llama"
+    return family["arch"] in ("llama", "phi3")
 
 
 class Llama:
@@ -31,27 +32,41 @@ class Llama:
         self.layers, self.heads, self.kv_heads = family["layers"], family["heads"], family["kv"]
         self.head_dim, self.theta = family["hd"], family["theta"]
         self.experts_used = family["experts"][1] if "experts" in family else 0
+        # Phi-3: one product for q|k|v and one for gate|up, and llama.cpp's
+        # "neox" rotation (the first half of a head with the second).
+        self.phi3 = family["arch"] == "phi3"
 
     def rms(self, x, weight):
         return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + 1e-6) * weight
 
     def rope(self, x, positions):
-        # llama.cpp's "norm" rotation for this architecture: adjacent pairs.
+        # llama.cpp's "norm" rotation turns adjacent pairs, "neox" pairs
+        # dimension i with i + head_dim/2.
         hd = self.head_dim
         freq = self.theta ** (-2.0 * np.arange(hd // 2) / hd)
         angle = positions[:, None] * freq[None, :]
         cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
-        even, odd = x[..., 0::2], x[..., 1::2]
+        pairs = (slice(0, hd // 2), slice(hd // 2, hd)) if self.phi3 else (slice(0, hd, 2), slice(1, hd, 2))
+        first, second = x[..., pairs[0]], x[..., pairs[1]]
         y = np.empty_like(x)
-        y[..., 0::2] = even * cos - odd * sin
-        y[..., 1::2] = even * sin + odd * cos
+        y[..., pairs[0]] = first * cos - second * sin
+        y[..., pairs[1]] = first * sin + second * cos
         return y
+
+    def project_qkv(self, p, h):
+        t = self.t
+        if self.phi3:
+            q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            qkv = h @ t[p + "attn_qkv.weight"].T
+            return qkv[:, :q_width], qkv[:, q_width:q_width + kv_width], qkv[:, q_width + kv_width:]
+        return (h @ t[p + f"attn_{x}.weight"].T for x in "qkv")
 
     def attention(self, p, h, positions):
         n, hd, t = len(h), self.head_dim, self.t
-        q = self.rope((h @ t[p + "attn_q.weight"].T).reshape(n, self.heads, hd), positions)
-        k = self.rope((h @ t[p + "attn_k.weight"].T).reshape(n, self.kv_heads, hd), positions)
-        v = (h @ t[p + "attn_v.weight"].T).reshape(n, self.kv_heads, hd)
+        q, k, v = self.project_qkv(p, h)
+        q = self.rope(q.reshape(n, self.heads, hd), positions)
+        k = self.rope(k.reshape(n, self.kv_heads, hd), positions)
+        v = v.reshape(n, self.kv_heads, hd)
         # Both engines keep keys and values in f16 (llama.cpp's default cache
         # type): the exact forward of what they compute rounds them too.
         k, v = (a.astype(np.float16).astype(np.float64) for a in (k, v))
@@ -66,6 +81,9 @@ class Llama:
 
     def mlp(self, p, h):
         t = self.t
+        if self.phi3:
+            gate, up = np.split(h @ t[p + "ffn_up.weight"].T, 2, axis=-1)
+            return (gate / (1 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
         if not self.experts_used:
             gate, up = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
             return (gate / (1 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T

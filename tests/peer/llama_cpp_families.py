@@ -8,7 +8,7 @@ usage: llama_cpp_families.py [--llama-server BIN] [--greedy BIN] --gguf-py DIR
 (on another machine, on the files of --out); once both engines' replies are
 in --out, prints per family on how many of the 20 prompts the 32 greedy
 tokens are equal. Where they part, an independent f64 forward
-(`f64_reference.py`, the `llama` architecture) says which engine gives the
+(`f64_reference.py`: `llama`, `phi3`) says which engine gives the
 exact result's tokens. Exits non-zero when a family has fewer than 19
 prompts equal to llama.cpp's or, on the others, to the f64 reference's."""
 import argparse, json, os, subprocess, sys, time, urllib.request

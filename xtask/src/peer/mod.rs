@@ -137,6 +137,10 @@ pub fn run(args: &PeerArgs, how: &Invocation) -> Result<()> {
             how.peer
         );
     }
+    // Before any build: a mistyped path fails at once.
+    if let Some(missing) = args.models.iter().find(|path| !path.is_file()) {
+        bail!("--model {}: no such file", missing.display());
+    }
     let backend = how.backend.as_str();
     let date = utc_now();
     let folder = crate::workspace_root()
