@@ -20,6 +20,10 @@ def greedy(model, prompt, n):
     return tokens[len(prompt):]
 
 
+def swiglu(gate, up):
+    return gate / (1 + np.exp(-gate)) * up
+
+
 def supports(family):
     return family["arch"] in ("llama", "phi3")
 
@@ -59,7 +63,7 @@ class Llama:
             q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
             qkv = h @ t[p + "attn_qkv.weight"].T
             return qkv[:, :q_width], qkv[:, q_width:q_width + kv_width], qkv[:, q_width + kv_width:]
-        return (h @ t[p + f"attn_{x}.weight"].T for x in "qkv")
+        return tuple(h @ t[p + f"attn_{x}.weight"].T for x in "qkv")
 
     def attention(self, p, h, positions):
         n, hd, t = len(h), self.head_dim, self.t
@@ -83,10 +87,10 @@ class Llama:
         t = self.t
         if self.phi3:
             gate, up = np.split(h @ t[p + "ffn_up.weight"].T, 2, axis=-1)
-            return (gate / (1 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
+            return swiglu(gate, up) @ t[p + "ffn_down.weight"].T
         if not self.experts_used:
             gate, up = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
-            return (gate / (1 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
+            return swiglu(gate, up) @ t[p + "ffn_down.weight"].T
         # Softmax over every expert, the top k renormalized by their sum.
         router = h @ t[p + "ffn_gate_inp.weight"].T
         router = np.exp(router - router.max(1, keepdims=True))
@@ -98,7 +102,7 @@ class Llama:
             for e, w in zip(top, weights):
                 gate = t[p + "ffn_gate_exps.weight"][e] @ h[row]
                 up = t[p + "ffn_up_exps.weight"][e] @ h[row]
-                out[row] += w * (t[p + "ffn_down_exps.weight"][e] @ (gate / (1 + np.exp(-gate)) * up))
+                out[row] += w * (t[p + "ffn_down_exps.weight"][e] @ swiglu(gate, up))
         return out
 
     def last_logits(self, tokens):

@@ -79,16 +79,17 @@ def main():
     a = ap.parse_args()
     import torch, transformers
     os.makedirs(a.out, exist_ok=True)
-    chosen = a.families.split(",") if a.families else list(families())
+    table = families()
+    chosen = a.families.split(",") if a.families else list(table)
     g = torch.Generator().manual_seed(7)
     prompts = torch.randint(0, VOCAB, (PROMPTS, LENGTH), generator=g).tolist()
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {a.device}")
     failed = []
     for name in chosen:
-        # The seed follows the family's place in families(), not in
+        # The seed follows the family's place in the table, not in
         # --families, so a subset run checks the same weights.
-        i = list(families()).index(name)
-        config, cls = families()[name]
+        i = list(table).index(name)
+        config, cls = table[name]
         model, d = write(name, config, cls, a.out, 100 + i)
         model = model.to(a.device)
         with torch.no_grad():
