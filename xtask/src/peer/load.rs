@@ -16,6 +16,9 @@ pub struct LoadSpec {
     pub prompt_chars: usize,
     /// `None` is greedy; else (temperature, top_p); the seed is per request.
     pub sampling: Option<(f64, f64)>,
+    /// `false` asks for the serial decode (`"draft": false`; a server
+    /// without drafts ignores the field).
+    pub draft: bool,
     /// Longest a level (or one solo request) may take before its
     /// unfinished streams are dropped and the level reported as timed out.
     pub deadline: Duration,
@@ -164,6 +167,9 @@ fn body(index: usize, spec: &LoadSpec) -> Value {
         body["top_p"] = json!(top_p);
         body["seed"] = json!(1000 + index);
     }
+    if !spec.draft {
+        body["draft"] = json!(false);
+    }
     body
 }
 
@@ -237,6 +243,7 @@ mod tests {
             max_tokens: 8,
             prompt_chars: 40,
             sampling: Some((0.8, 0.95)),
+            draft: true,
             deadline: Duration::from_secs(1),
         };
         let (a, b) = (body(0, &spec), body(1, &spec));
@@ -249,6 +256,12 @@ mod tests {
         };
         assert_eq!(body(0, &greedy)["temperature"], 0.0);
         assert!(body(0, &greedy).get("seed").is_none());
+        assert!(body(0, &greedy).get("draft").is_none());
+        let serial = LoadSpec {
+            draft: false,
+            ..greedy
+        };
+        assert_eq!(body(0, &serial)["draft"], false);
     }
 
     #[test]
@@ -260,6 +273,7 @@ mod tests {
             max_tokens: 4,
             prompt_chars: 10,
             sampling: None,
+            draft: true,
             deadline: Duration::from_millis(300),
         };
         let started = Instant::now();

@@ -41,7 +41,10 @@ pub struct PeerArgs {
     /// Concurrent streams of the serving cells.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub levels: Vec<usize>,
-    /// Serving modes: `greedy` and/or `sampled` (T 0.8, top-p 0.95, a seed per request).
+    /// Serving modes: `greedy`, `sampled` (T 0.8, top-p 0.95, a seed per
+    /// request) and `serial` (greedy with `"draft": false`, which
+    /// llama-server ignores: TensorFold's serial reference, the pace a
+    /// sampled stream is held to when drafts of the text do not land).
     #[arg(long, value_delimiter = ',', default_value = "greedy,sampled")]
     pub modes: Vec<Mode>,
     /// Reply length of each served request (and `tg` of the one-stream cells).
@@ -104,6 +107,8 @@ pub enum Mode {
     Greedy,
     /// Temperature 0.8, top-p 0.95, a seed per request.
     Sampled,
+    /// Greedy without drafts.
+    Serial,
 }
 
 impl Mode {
@@ -111,13 +116,14 @@ impl Mode {
         match self {
             Mode::Greedy => "greedy",
             Mode::Sampled => "sampled",
+            Mode::Serial => "serial",
         }
     }
 
     /// (temperature, top-p), or `None` for greedy.
     fn sampling(self) -> Option<(f64, f64)> {
         match self {
-            Mode::Greedy => None,
+            Mode::Greedy | Mode::Serial => None,
             Mode::Sampled => Some((0.8, 0.95)),
         }
     }
@@ -381,6 +387,7 @@ fn serve_levels(
             max_tokens: args.max_tokens,
             prompt_chars: args.prompt_tokens * model.chars_per_token,
             sampling: mode.sampling(),
+            draft: mode != Mode::Serial,
             deadline: Duration::from_secs(args.deadline_s),
         };
         eprintln!("peer: {} {} {:?}", engine.engine, mode.name(), args.levels);
