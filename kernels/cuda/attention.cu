@@ -320,65 +320,57 @@ __device__ __forceinline__ void tf_attention_tc(const float* __restrict__ q, int
 
 // One slot's output from its partials in the split form: the fold of
 // `attention_tc` in the same block order, then the same division. A block
-// is (row, head) of the grid; thread d keeps output column d.
+// is one warp on (row, head, 32 output columns) of the grid; lane i keeps
+// column 32 * blockIdx.z + i (none past HD).
 //
 // The fold's steps take the running maximum, which is a prefix maximum of
-// the blocks' maxima: exact, so it is found for a chunk of blocks at once
-// (a scan), and each block's two factors with it, each from the same
-// operands as in `tf_tc_fold_step`. What stays serial per column is one
-// multiply and one multiply-add a block, over values loaded all at once.
-#define TF_FOLD_CHUNK 64
+// the blocks' maxima: exact, so the warp finds it for 32 blocks at once
+// (a shuffle scan, lane i holding block i of the chunk), and each block's
+// two factors with it, each from the same operands as in
+// `tf_tc_fold_step`. What stays serial per column is one multiply and one
+// multiply-add a block, over values loaded all at once. No block-wide
+// barrier: a warp folds alone, so there are blocks enough to spread the
+// partials' loads over the multiprocessors.
 template <int HD>
 __device__ __forceinline__ void tf_attention_fold(const float* __restrict__ part, int part_blocks, int heads,
                                                   const long long* row_pos, float* out, uint32_t* out16) {
-    constexpr int MINE = (TF_FOLD_CHUNK + HD - 1) / HD;  // chunk entries a thread scans
-    __shared__ float block_max[TF_FOLD_CHUNK], maxima[TF_FOLD_CHUNK];
-    __shared__ float2 factors[TF_FOLD_CHUNK];
-    __shared__ float sums[TF_FOLD_CHUNK];
-    const int row = blockIdx.x, head = blockIdx.y, d = threadIdx.x;
+    const int row = blockIdx.x, head = blockIdx.y, lane = threadIdx.x, d = 32 * blockIdx.z + lane;
+    const bool column = d < HD;
     const int blocks = (int)((row_pos[row] + TF_TC_KEYS) / TF_TC_KEYS);
     const float* p = part + ((size_t)row * heads + head) * part_blocks * (HD + 2);
     float m = -INFINITY, l = 0.f, o = 0.f;
-    for (int c0 = 0; c0 < blocks; c0 += TF_FOLD_CHUNK) {
-        const int n = min(TF_FOLD_CHUNK, blocks - c0);
-        float v[TF_FOLD_CHUNK];
+    for (int c0 = 0; c0 < blocks; c0 += 32) {
+        const int n = min(32, blocks - c0);
+        float v[32];
 #pragma unroll
-        for (int i = 0; i < TF_FOLD_CHUNK; i++)
-            if (i < n) v[i] = p[(size_t)(c0 + i) * (HD + 2) + d];
-        __syncthreads();  // the last chunk's factors are read
-        for (int i = d; i < TF_FOLD_CHUNK; i += HD) {
-            const float* pb = p + (size_t)(c0 + i) * (HD + 2);
-            block_max[i] = maxima[i] = i < n ? pb[HD] : -INFINITY;
-            sums[i] = i < n ? pb[HD + 1] : 0.f;
-        }
-        __syncthreads();
-        // Inclusive prefix maxima, from the running maximum (exact in any
-        // order).
-        float mine[MINE];
-        for (int step = 1; step < TF_FOLD_CHUNK; step *= 2) {
-            for (int k = 0, i = d; i < TF_FOLD_CHUNK; k++, i += HD)
-                mine[k] = i >= step ? fmaxf(maxima[i], maxima[i - step]) : maxima[i];
-            __syncthreads();
-            for (int k = 0, i = d; i < TF_FOLD_CHUNK; k++, i += HD) maxima[i] = mine[k];
-            __syncthreads();
-        }
-        for (int i = d; i < n; i += HD) {
-            const float before = i == 0 ? m : fmaxf(m, maxima[i - 1]);
-            const float after = fmaxf(m, maxima[i]);
-            factors[i] = make_float2(before == -INFINITY ? 0.f : expf(__fsub_rn(before, after)),
-                                     expf(__fsub_rn(block_max[i], after)));
-        }
-        __syncthreads();
+        for (int i = 0; i < 32; i++)
+            if (i < n && column) v[i] = p[(size_t)(c0 + i) * (HD + 2) + d];
+        const float* pb = p + (size_t)(c0 + lane) * (HD + 2);
+        const float block_max = lane < n ? pb[HD] : -INFINITY;
+        const float block_sum = lane < n ? pb[HD + 1] : 0.f;
+        // Inclusive prefix maxima of the chunk (exact in any order).
+        float upto = block_max;
 #pragma unroll
-        for (int i = 0; i < TF_FOLD_CHUNK; i++) {
+        for (int step = 1; step < 32; step *= 2) {
+            const float other = __shfl_up_sync(0xffffffffu, upto, step);
+            if (lane >= step) upto = fmaxf(upto, other);
+        }
+        const float earlier = __shfl_up_sync(0xffffffffu, upto, 1);
+        const float before = lane == 0 ? m : fmaxf(m, earlier);
+        const float after = fmaxf(m, upto);
+        const float a = before == -INFINITY ? 0.f : expf(__fsub_rn(before, after));
+        const float c = expf(__fsub_rn(block_max, after));
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
             if (i < n) {
-                const float2 ac = factors[i];
-                l = __fmaf_rn(sums[i], ac.y, __fmul_rn(l, ac.x));
-                o = tf_tc_fold_value(o, v[i], ac);
+                const float2 ac = make_float2(__shfl_sync(0xffffffffu, a, i), __shfl_sync(0xffffffffu, c, i));
+                l = __fmaf_rn(__shfl_sync(0xffffffffu, block_sum, i), ac.y, __fmul_rn(l, ac.x));
+                if (column) o = tf_tc_fold_value(o, v[i], ac);
             }
         }
-        m = fmaxf(m, maxima[n - 1]);
+        m = fmaxf(m, __shfl_sync(0xffffffffu, upto, n - 1));
     }
+    if (!column) return;
     const float inv = 1.0f / l;
     const float val = __fmul_rn(o, inv);
     const int c = head * HD + d;
@@ -399,7 +391,7 @@ __device__ __forceinline__ void tf_attention_fold(const float* __restrict__ part
         tf_attention_tc<HD>(q, heads, kv_heads, scale, row_pos, row_seq, k_base, v_base, cap, layer, out,     \
                             out16, M, rw, hb, part, part_blocks);                                              \
     }                                                                                                          \
-    extern "C" __global__ void __launch_bounds__(HD)                                                           \
+    extern "C" __global__ void __launch_bounds__(32)                                                           \
         attention_fold_##HD(const float* __restrict__ part, int part_blocks, int heads,                        \
                             const long long* row_pos, float* out, uint32_t* out16) {                           \
         tf_after_prior();                                                                                      \

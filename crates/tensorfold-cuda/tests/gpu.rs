@@ -279,30 +279,37 @@ fn long_contexts_fold_many_key_blocks_in_order() {
     if !gpu() {
         return;
     }
-    // 1300 positions: 21 key blocks, more than one round of the split
-    // kernel's warps. Decode rows (split kernel) against a prefill's rows
-    // (a warp per row and head).
-    let spec = SynthSpec {
-        max_positions: 1536,
-        ..SynthSpec::tiny(Arch::Llama, Format::Q8_0, 21)
-    };
-    let p = tmp("long-q8_0").join("m.gguf");
-    write_gguf(&p, &spec).unwrap();
-    let model = tensorfold_models::load(&p).unwrap().model;
-    let g = CudaModel::upload(&model, 0).unwrap();
-    let toks = tokens(1300, 8);
-    let reference = chunked(&g, &mut g.new_cache(), &toks, &[256]);
-    let mut kv = g.new_cache();
-    chunked(&g, &mut kv, &toks[..1200], &[256]);
-    let decoded = chunked(&g, &mut kv, &toks, &[1]);
-    assert_eq!(decoded.len(), 100);
-    for (p, a) in decoded.iter().enumerate() {
-        assert_eq!(
-            bits(a),
-            bits(&reference[1200 + p]),
-            "decode at {}",
-            1200 + p
-        );
+    // 4300 positions: 68 key blocks, more than one round of the split
+    // kernel's warps and more than two of the fold's 32-block chunks.
+    // Decode rows (split kernel) against a prefill's rows (fused), for a
+    // head narrower than the fold's warp (16) and one of four warps (128).
+    for (hd, heads, kv_heads) in [(16, 4, 2), (128, 8, 2)] {
+        let spec = SynthSpec {
+            hidden_size: 64,
+            heads,
+            kv_heads,
+            head_dim: hd,
+            max_positions: 4608,
+            ..SynthSpec::tiny(Arch::Llama, Format::Q8_0, 21)
+        };
+        let p = tmp(&format!("long-q8_0-{hd}")).join("m.gguf");
+        write_gguf(&p, &spec).unwrap();
+        let model = tensorfold_models::load(&p).unwrap().model;
+        let g = CudaModel::upload(&model, 0).unwrap();
+        let toks = tokens(4300, 8);
+        let reference = chunked(&g, &mut g.new_cache(), &toks, &[256]);
+        let mut kv = g.new_cache();
+        chunked(&g, &mut kv, &toks[..4200], &[256]);
+        let decoded = chunked(&g, &mut kv, &toks, &[1]);
+        assert_eq!(decoded.len(), 100);
+        for (p, a) in decoded.iter().enumerate() {
+            assert_eq!(
+                bits(a),
+                bits(&reference[4200 + p]),
+                "head dim {hd}: decode at {}",
+                4200 + p
+            );
+        }
     }
     println!("long context: decode rows equal prefill rows");
 }

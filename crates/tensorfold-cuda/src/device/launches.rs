@@ -285,9 +285,10 @@ impl CudaModel {
             .arg(&p.pos)
             .arg(&p.attn)
             .arg(&p.attn16);
+        // A warp for every 32 output columns of a (row, head).
         let cfg = LaunchConfig {
-            grid_dim: (p.m as u32, c.heads as u32, 1),
-            block_dim: (c.head_dim as u32, 1, 1),
+            grid_dim: (p.m as u32, c.heads as u32, c.head_dim.div_ceil(32) as u32),
+            block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: matches `attention_fold_<hd>` in attention.cu for this
