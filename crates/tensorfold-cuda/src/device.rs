@@ -12,34 +12,19 @@ mod scratch;
 mod upload;
 
 use crate::attention;
-use crate::attention_f32::{
-    attention_shared, attention_tile, split_attention, split_shared, ATTENTION_ROWS, NARROW_HEADS,
-    SPLIT_WARPS, STAGE_KEYS_FROM,
-};
-use crate::kernels::{device_picks_from_env, Kernels, TcAttention};
+use crate::kernels::Kernels;
 use crate::kv::CudaKv;
 use crate::launch::{opt_ptr, ptr, Launch};
-use crate::matmul::{
-    few_kernel, few_shared, fmt_code, many_blocks, many_shared, many_tile_name, many_tile_named,
-    pick_many_tile, tile_for, FewRowGrid, Kind, MatmulKernels, FEW_SHARED_MAX, FEW_TILES,
-    FEW_WARPS, FORMATS, MANY_TILES, MANY_WARPS, MM_WARPS, SEGMENT, TILES, WEIGHT_PAD,
-};
-use crate::pinned::pinned;
+use crate::matmul::{many_tile_named, FewRowGrid};
 use crate::sampling::{PickBufs, RowDraw, SampleKernel};
 use crate::{CudaError, Result};
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{
-    CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
-};
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 use experts::{DevExperts, ExpertScratch};
 use graphs::Graphs;
 pub use profile::KernelTime;
-use std::borrow::Cow;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use tensorfold_models::{rotary_angle, Activation, Logits, Model, ModelConfig, RopeStyle, Seq};
-use tensorfold_quant::{Encoding, Format, Matrix, Storage};
+use tensorfold_models::{Logits, ModelConfig, Seq};
 use tensorfold_sampling::{Draw, SeqRows};
 
 /// How a product lands in its output (`TF_OUT_*` in tensor.cu).

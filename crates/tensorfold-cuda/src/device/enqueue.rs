@@ -1,7 +1,11 @@
 //! The forward's launches in order: embedding, every layer, and the head
 //! over the picked rows.
 
-use super::*;
+use super::{CudaModel, GateUp, Mlp, Out, Plan};
+use crate::launch::{opt_ptr, ptr, Launch};
+use crate::Result;
+use cudarc::driver::LaunchConfig;
+use tensorfold_models::RopeStyle;
 
 impl CudaModel {
     /// Queues the whole forward of `plan`: embedding, every layer, and the

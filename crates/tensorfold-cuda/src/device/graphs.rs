@@ -1,7 +1,12 @@
 //! Captured graphs: a forward's launches recorded once per shape and
 //! replayed, since its launches depend on the shape and buffers alone.
 
-use super::*;
+use super::{CudaModel, Plan};
+use crate::Result;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 /// Forwards of at most this many rows run as captured graphs.
 const GRAPH_MAX_ROWS: usize = 64;

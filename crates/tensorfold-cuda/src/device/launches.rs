@@ -2,7 +2,22 @@
 //! form), norms, the gated activation and the residual add, with the
 //! launch geometry each kernel expects.
 
-use super::*;
+use super::{CudaModel, DevMatrix, Linear, Out, Plan};
+use crate::attention;
+use crate::attention_f32::{
+    attention_shared, attention_tile, split_attention, split_shared, ATTENTION_ROWS, NARROW_HEADS,
+    SPLIT_WARPS, STAGE_KEYS_FROM,
+};
+use crate::kernels::TcAttention;
+use crate::launch::{ptr, Launch};
+use crate::matmul::{
+    few_kernel, few_shared, many_blocks, many_shared, many_tile_name, pick_many_tile, tile_for,
+    FewRowGrid, Kind, FEW_SHARED_MAX, FEW_TILES, FEW_WARPS, FORMATS, MANY_TILES, MANY_WARPS,
+    MM_WARPS, SEGMENT, TILES,
+};
+use crate::{CudaError, Result};
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use tensorfold_models::Activation;
 
 impl CudaModel {
     /// `x` is the input in f32 and `x16` the same as the tensor-core

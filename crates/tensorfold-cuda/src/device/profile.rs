@@ -1,7 +1,11 @@
 //! Device time by kind of launch: while a profile runs, every launch is
 //! followed by a timing event and graphs are not used.
 
-use super::*;
+use super::CudaModel;
+use crate::Result;
+use cudarc::driver::sys::CUevent_flags;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 /// Device time of one kind of launch over a profiled stretch.
 #[derive(Clone, Debug)]

@@ -1,7 +1,12 @@
 //! The buffers a forward reuses, grown to the largest call seen: rows,
 //! the split attention's partials and the rotary tables.
 
-use super::*;
+use super::{half_words, Bufs, CudaModel, Scratch};
+use crate::attention;
+use crate::pinned::pinned;
+use crate::Result;
+use cudarc::driver::CudaSlice;
+use tensorfold_models::rotary_angle;
 
 impl CudaModel {
     pub(super) fn ensure_scratch(

@@ -2,7 +2,20 @@
 //! f32 where the kernels read no other form), fused where one input feeds
 //! several, and the model's scratch, sampler and kernels set up.
 
-use super::*;
+use super::experts::{DevExperts, ExpertScratch};
+use super::{CudaModel, DevBlock, DevMatrix, GateUp, Linear, Mlp, Scratch};
+use crate::kernels::{device_picks_from_env, Kernels};
+use crate::matmul::{
+    few_shared, fmt_code, MatmulKernels, FEW_SHARED_MAX, FEW_WARPS, SEGMENT, WEIGHT_PAD,
+};
+use crate::sampling::SampleKernel;
+use crate::{CudaError, Result};
+use cudarc::driver::{CudaContext, CudaSlice};
+use std::borrow::Cow;
+use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use tensorfold_models::{Activation, Model};
+use tensorfold_quant::{Encoding, Format, Matrix, Storage};
 
 /// `m` as the kernels read it: GGUF and float formats as stored; MLX affine
 /// groups, and float rows whose width is not a multiple of 32, widened to
