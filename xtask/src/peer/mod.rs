@@ -120,6 +120,11 @@ impl Mode {
         }
     }
 
+    /// Whether requests may be drafted (`false`: `"draft": false`).
+    fn drafts(self) -> bool {
+        self != Mode::Serial
+    }
+
     /// (temperature, top-p), or `None` for greedy.
     fn sampling(self) -> Option<(f64, f64)> {
         match self {
@@ -387,7 +392,7 @@ fn serve_levels(
             max_tokens: args.max_tokens,
             prompt_chars: args.prompt_tokens * model.chars_per_token,
             sampling: mode.sampling(),
-            draft: mode != Mode::Serial,
+            draft: mode.drafts(),
             deadline: Duration::from_secs(args.deadline_s),
         };
         eprintln!("peer: {} {} {:?}", engine.engine, mode.name(), args.levels);
