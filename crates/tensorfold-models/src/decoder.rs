@@ -129,8 +129,10 @@ impl Forward for Model {
     ) -> std::result::Result<Vec<Vec<f32>>, ForwardError> {
         // On a pool thread, each matmul's parallel split starts on the
         // calling thread at once, instead of waking the pool and sleeping
-        // until it is done (two wake-ups a matmul on a small model).
-        Ok(rayon::scope(|_| Model::forward_batch(self, seqs)))
+        // until it is done; the other workers stay awake meanwhile.
+        Ok(crate::busy_pool::with_awake_workers(|| {
+            Model::forward_batch(self, seqs)
+        }))
     }
 }
 

@@ -17,6 +17,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod attention;
+mod busy_pool;
 mod config;
 mod decoder;
 mod error;
