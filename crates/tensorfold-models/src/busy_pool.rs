@@ -43,12 +43,27 @@ pub(crate) fn with_awake_workers<T: Send>(work: impl FnOnce() -> T + Send) -> T 
                 }
             });
         }
-        let outer = RUNS_A_FORWARD.replace(true);
-        let result = work();
-        RUNS_A_FORWARD.set(outer);
-        done.store(true, Ordering::Release);
-        result
+        // Set on the way out even if `work` panics: the scope waits for
+        // its helpers before it passes the panic on.
+        let _finish = Finish {
+            outer: RUNS_A_FORWARD.replace(true),
+            done,
+        };
+        work()
     })
+}
+
+/// Ends a forward's helpers and restores its thread's flag when dropped.
+struct Finish<'a> {
+    outer: bool,
+    done: &'a AtomicBool,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        RUNS_A_FORWARD.set(self.outer);
+        self.done.store(true, Ordering::Release);
+    }
 }
 
 #[cfg(test)]
@@ -68,6 +83,23 @@ mod tests {
             });
             assert_eq!(sum, (0..20u64).sum::<u64>() * (0..1000u64).sum::<u64>());
         }
+    }
+
+    /// A forward that panics passes the panic on instead of leaving its
+    /// helpers spinning.
+    #[test]
+    fn a_panicking_forward_panics_and_the_pool_goes_on() {
+        let caught = std::panic::catch_unwind(|| {
+            with_awake_workers(|| {
+                let _ = (0..100u64).into_par_iter().sum::<u64>();
+                panic!("a bug");
+            })
+        });
+        assert!(caught.is_err());
+        assert_eq!(
+            with_awake_workers(|| (0..100u64).into_par_iter().sum::<u64>()),
+            4950
+        );
     }
 
     /// Forwards started at once from several threads all finish: a pool
