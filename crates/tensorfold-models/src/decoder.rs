@@ -127,12 +127,7 @@ impl Forward for Model {
         &self,
         seqs: &mut [Seq<'_, KvCache>],
     ) -> std::result::Result<Vec<Vec<f32>>, ForwardError> {
-        // On a pool thread, each matmul's parallel split starts on the
-        // calling thread at once, instead of waking the pool and sleeping
-        // until it is done; the other workers stay awake meanwhile.
-        Ok(crate::busy_pool::with_awake_workers(|| {
-            Model::forward_batch(self, seqs)
-        }))
+        Ok(Model::forward_batch(self, seqs))
     }
 }
 
@@ -167,6 +162,15 @@ impl Model {
     /// row-local or reduces in a fixed order, each sequence's logits are
     /// bitwise those it would get alone. Returns each sequence's logits.
     pub fn forward_batch(&self, seqs: &mut [Seq<'_, KvCache>]) -> Vec<Vec<f32>> {
+        // On a pool thread, each matmul's parallel split starts on the
+        // calling thread at once, instead of waking the pool and sleeping
+        // until it is done; the other workers stay awake meanwhile.
+        crate::busy_pool::with_awake_workers(|| self.forward_rows(seqs))
+    }
+
+    /// The forward itself; [`Model::forward_batch`] runs it with the pool
+    /// awake.
+    fn forward_rows(&self, seqs: &mut [Seq<'_, KvCache>]) -> Vec<Vec<f32>> {
         let c = &self.config;
         let h = c.hidden_size;
         let m: usize = seqs.iter().map(|s| s.tokens.len()).sum();
