@@ -175,7 +175,13 @@ unsafe fn tile(
             prefetch(next);
             0
         };
-        unpacked.fill(format, tile, width, cols, packed.is_none());
+        // Where the kernel reads the GGUF bytes, one row decodes the
+        // scales there.
+        let in_gguf_bytes = packed.is_some() || (layout.in_place.is_some() && wide.is_none());
+        let own_scales = in_gguf_bytes && isa.decodes_scales(m);
+        if !own_scales {
+            unpacked.fill(format, tile, width, cols, packed.is_none());
+        }
         // SAFETY: `u8` and `i8` have one size and alignment, and the slice
         // is only read.
         let tile_bytes =
@@ -227,6 +233,7 @@ unsafe fn tile(
                 layout,
                 wide: wide.map(|inputs| (inputs, &*records)),
                 lanes,
+                own_scales,
             };
             // SAFETY: rows `i..i + height`, columns `j0..j0 + width`: the
             // caller's.

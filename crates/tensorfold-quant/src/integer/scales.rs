@@ -1,9 +1,10 @@
 //! A tile's scales and minimums alone, for the kernels that read values in
-//! the GGUF bytes. At one token a row, reading the scales is as much work
-//! as the products themselves, so where the CPU has AVX-512 sixteen blocks
-//! (or a k-quant's whole 256-block) go through the registers at once. The
-//! numbers are those of the scalar loops: every step converts or multiplies
-//! exactly as they do.
+//! the GGUF bytes, at two rows and more (one row decodes them in its kernel
+//! instead, with these same operations: see `Isa::decodes_scales`). Reading
+//! the scales is much work beside the products, so where the CPU has
+//! AVX-512 sixteen blocks (or a k-quant's whole 256-block) go through the
+//! registers at once. The numbers are those of the scalar loops: every step
+//! converts or multiplies exactly as they do.
 
 use super::unpack::{f16_at, k4_scales, q6k_scales, Out};
 use crate::Format;

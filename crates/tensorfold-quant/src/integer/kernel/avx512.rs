@@ -83,12 +83,14 @@ const CHUNK_SPANS: usize = 8;
 /// sixteen lanes of four are summed four by four into its four half
 /// blocks, four pairs' worth at once, and put in order. Packed values
 /// are decoded in registers, straight from the GGUF bytes; the integer
-/// sums, and so the bits, are those of the unpacked values.
+/// sums, and so the bits, are those of the unpacked values. Where
+/// `ops.own_scales`, so are the weights' scales and minimums, and the
+/// minimums' term (otherwise added by [`super::dots`]) is added here.
 ///
 /// # Safety
-/// AVX-512 F/BW/VNNI must be available, and `MODE` must match the
+/// AVX-512 F/BW/VL/VNNI must be available, and `MODE` must match the
 /// values' packing.
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
     ops: &Operands,
 ) -> [[f32; W]; R] {
@@ -226,6 +228,115 @@ pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
     // Each block's scale for both its half blocks.
     let each_twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     let mut acc = [[_mm512_setzero_ps(); W]; R];
+    // Whether the kernel decodes the weights' scales itself (see
+    // `Isa::decodes_scales`), and so also adds their minimums' term.
+    let own_scales = ops.own_scales;
+    // A 32-block's scale (and minimum) lead its bytes, `scale_back` before
+    // its values where those are read in place (Q8_0).
+    let scale_back = ops.values.start;
+    // Then the minimums' running sums: the eight lanes of
+    // [`crate::dot`]'s order, a span's eight blocks a step ...
+    let block_sums = if own_scales && ops.layout.block_mins {
+        let sums = &ops.inputs.block_sums[ops.r0 * blocks..];
+        assert!(sums.len() >= R * blocks);
+        sums
+    } else {
+        &[]
+    };
+    let mut min_acc = [[_mm256_setzero_ps(); W]; R];
+    // ... and the sum of a row's last blocks past its last eight, in
+    // order (`crate::dot`'s tail).
+    let mut min_tail = [[0f32; W]; R];
+    // The scales of the span of `n` blocks from `b` of weight row `j` as
+    // `scales::fill` computes them, from the same operands with the same
+    // operations (so the same bits): sixteen half-block factors and,
+    // where the format has them, the eight blocks' minimums (for Q4_K
+    // `-dmin *` each).
+    macro_rules! own_scales {
+        ($j:expr, $b:expr, $n:expr) => {{
+            let (j, b, n): (usize, usize, usize) = ($j, $b, $n);
+            let block = w.wrapping_add(j * row_stride + (b / 8) * block_stride);
+            if MODE != K_NIBBLES && MODE != SIX_BITS {
+                // 32-blocks: the leading word of each holds its `f16`
+                // scale and, where it has one, its minimum.
+                let first = w
+                    .wrapping_add(j * row_stride + b * block_stride)
+                    .wrapping_sub(scale_back);
+                let word = |k: usize| {
+                    if k < n {
+                        // SAFETY: the first bytes of block `b + k` of
+                        // row `j`, checked in `Rows::new` (each block is
+                        // longer than four bytes).
+                        unsafe { (first.add(k * block_stride) as *const i32).read_unaligned() }
+                    } else {
+                        0
+                    }
+                };
+                let words = _mm256_setr_epi32(
+                    word(0),
+                    word(1),
+                    word(2),
+                    word(3),
+                    word(4),
+                    word(5),
+                    word(6),
+                    word(7),
+                );
+                let scales = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
+                let mins = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(words)));
+                (
+                    _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(scales)),
+                    mins,
+                )
+            } else if MODE == K_NIBBLES {
+                // SAFETY: the block's 16-byte head, checked in
+                // `Rows::new` with the block.
+                let head = unsafe { _mm_loadu_si128(block as *const __m128i) };
+                let d_dmin = _mm_xor_ps(_mm_cvtph_ps(head), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
+                let factors = _mm512_permutexvar_ps(
+                    _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                    _mm512_castps128_ps512(d_dmin),
+                );
+                // The head's words are `d_dmin, low, middle, high`; the
+                // eight 6-bit scales are `low & six` and
+                // `(high & nibble) | ((low >> 6) & top) << 4`, the
+                // minimums the same of `middle` and `high >> 4`
+                // (`unpack::scales_mins_k4`), here all four words at
+                // once from `[low, high, middle, high]` and
+                // `[-, low, -, middle]`.
+                let x = _mm_shuffle_epi32::<0b11_10_11_01>(head);
+                let y = _mm_shuffle_epi32::<0b10_00_01_00>(head);
+                let top = _mm_set1_epi32(0x0303_0303);
+                let tops = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(y), top));
+                let highs = _mm_or_si128(
+                    _mm_and_si128(
+                        _mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 0, 4)),
+                        _mm_set1_epi32(0x0F0F_0F0F),
+                    ),
+                    tops,
+                );
+                let lows = _mm_and_si128(x, _mm_set1_epi32(0x3F3F_3F3F));
+                let bytes = _mm_blend_epi32::<0b1010>(lows, highs);
+                let values =
+                    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), factors);
+                let mins = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(values)));
+                (_mm512_permutexvar_ps(each_twice, values), mins)
+            } else {
+                // SIX_BITS: sixteen signed scales at byte 192, `d` at 208.
+                // SAFETY: inside the 210-byte block, as above.
+                let (scales, d) = unsafe {
+                    (
+                        _mm_loadu_si128(block.add(192) as *const __m128i),
+                        (block.add(208) as *const u16).read_unaligned(),
+                    )
+                };
+                let d = _mm_cvtph_ps(_mm_cvtsi32_si128(d as i32));
+                let d = _mm512_broadcastss_ps(d);
+                let values = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scales)));
+                (values, _mm256_setzero_ps())
+            }
+        }};
+    }
     // The span of blocks from `b`: `n` blocks (eight, but for a row's
     // last span), as `pairs` pairs and, where `lone`, a last lone block.
     macro_rules! span {
@@ -255,15 +366,50 @@ pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
                 };
                 x_factors[r] = _mm512_permutexvar_ps(each_twice, scales);
             }
+            // The inputs' block sums that the minimums multiply.
+            let mut x_sums = [_mm256_setzero_ps(); R];
+            if !block_sums.is_empty() {
+                for (r, sums) in x_sums.iter_mut().enumerate() {
+                    // SAFETY: the mask loads only blocks `b..b + n` of row
+                    // `r`, in `block_sums` (asserted above).
+                    *sums = unsafe {
+                        _mm256_maskz_loadu_ps(block_lanes, block_sums[r * blocks + b..].as_ptr())
+                    };
+                }
+            }
             for j in 0..W {
-                // SAFETY: the mask loads only the half scales of blocks
-                // `b..b + n` of weight row `j`.
-                let w_factors = unsafe {
-                    _mm512_maskz_loadu_ps(
-                        half_lanes,
-                        half_scales[j * 2 * blocks + 2 * b..].as_ptr(),
-                    )
+                let (w_factors, w_mins) = if own_scales {
+                    own_scales!(j, b, n)
+                } else {
+                    // SAFETY: the mask loads only the half scales of
+                    // blocks `b..b + n` of weight row `j`.
+                    let loaded = unsafe {
+                        _mm512_maskz_loadu_ps(
+                            half_lanes,
+                            half_scales[j * 2 * blocks + 2 * b..].as_ptr(),
+                        )
+                    };
+                    (loaded, _mm256_setzero_ps())
                 };
+                if !block_sums.is_empty() {
+                    if n == SPAN {
+                        for r in 0..R {
+                            min_acc[r][j] = _mm256_fmadd_ps(x_sums[r], w_mins, min_acc[r][j]);
+                        }
+                    } else {
+                        let mut mins = [0f32; SPAN];
+                        // SAFETY: eight floats into eight.
+                        unsafe { _mm256_storeu_ps(mins.as_mut_ptr(), w_mins) };
+                        for r in 0..R {
+                            let mut sums = [0f32; SPAN];
+                            // SAFETY: as above.
+                            unsafe { _mm256_storeu_ps(sums.as_mut_ptr(), x_sums[r]) };
+                            for k in 0..n {
+                                min_tail[r][j] = sums[k].mul_add(mins[k], min_tail[r][j]);
+                            }
+                        }
+                    }
+                }
                 let mut lanes = [[zero; 4]; R];
                 for c in 0..pairs + $lone as usize {
                     next_tile.ask(j, b + 2 * c);
@@ -294,7 +440,16 @@ pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
             span!(b, n, n / 2, false);
         }
     }
-    finish(&acc)
+    let mut out = finish(&acc);
+    if !block_sums.is_empty() {
+        // The minimums added last, as `dots` adds [`crate::dot`]'s sum.
+        for r in 0..R {
+            for j in 0..W {
+                out[r][j] += combined_eight(min_acc[r][j]) + min_tail[r][j];
+            }
+        }
+    }
+    out
 }
 
 /// Per 128-bit lane `k`, element `i` the sum of the four 32-bit
@@ -718,7 +873,13 @@ fn finish<const R: usize, const W: usize>(acc: &[[__m512; W]; R]) -> [[f32; W]; 
 fn combined(sums: __m512) -> f32 {
     let low = _mm512_castps512_ps256(sums);
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)));
-    let eight = _mm256_add_ps(low, high);
+    combined_eight(_mm256_add_ps(low, high))
+}
+
+/// Eight running sums combined as [`crate::dot`] combines its lanes.
+#[target_feature(enable = "avx512f,avx2")]
+#[inline]
+fn combined_eight(eight: __m256) -> f32 {
     // `[e0 + e4, e1 + e5, e2 + e6, e3 + e7]`.
     let four = _mm_add_ps(
         _mm256_castps256_ps128(eight),

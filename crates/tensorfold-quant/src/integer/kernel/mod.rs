@@ -80,6 +80,17 @@ impl Isa {
         }
     }
 
+    /// Whether a call of `rows` input rows whose kernel reads the GGUF
+    /// bytes decodes the weights' scales and minimums there as it goes,
+    /// instead of reading the tile's, filled first: as floats they take
+    /// 8-12 bytes a 32-block (96 a Q4_K 256-block) against the 18-34
+    /// bytes of the block itself, and at one row, with nothing to share
+    /// them, writing and reading them back costs more than decoding them
+    /// in place.
+    pub fn decodes_scales(self, rows: usize) -> bool {
+        self.reads_packed() && rows == 1
+    }
+
     /// Whether the kernel for two rows and more reads its inputs in lanes
     /// (see [`super::lanes`]), laid out once a call.
     pub fn reads_in_lanes(self) -> bool {
@@ -165,6 +176,10 @@ pub(crate) struct Operands<'a> {
     /// more.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub lanes: Option<&'a RowSpans>,
+    /// The kernel decodes the weights' scales (and minimums) from the GGUF
+    /// bytes itself, where [`Isa::decodes_scales`] says so: `weights`
+    /// then holds none of this tile's.
+    pub own_scales: bool,
 }
 
 /// Weight values as `packing` lays them out: block `b` of row `j` starts at
@@ -219,7 +234,7 @@ impl Operands<'_> {
     /// fixed-order dot ([`crate::dot`]'s) of the weight row's block minimums
     /// with the input row's block sums, added after the integer part.
     fn mins<const R: usize, const W: usize>(&self) -> Option<[[f32; W]; R]> {
-        if !self.layout.block_mins {
+        if !self.layout.block_mins || self.own_scales {
             return None;
         }
         let mut out = [[0f32; W]; R];
@@ -365,8 +380,11 @@ impl<'a> Rows<'a> {
             w: ops.values.data[ops.values.at(ops.j0, 0)..].as_ptr(),
             row_stride: ops.values.row_stride,
             block_stride: ops.values.block_stride,
-            half_scales: &ops.weights.half_scales[ops.j0 * 2 * blocks..]
-                [..weight_rows * 2 * blocks],
+            half_scales: if ops.own_scales {
+                &[]
+            } else {
+                &ops.weights.half_scales[ops.j0 * 2 * blocks..][..weight_rows * 2 * blocks]
+            },
             blocks,
             packing: ops.values.packing,
             ahead: ops.values.ahead,
