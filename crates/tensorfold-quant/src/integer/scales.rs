@@ -13,8 +13,11 @@ use crate::Format;
 /// the GGUF bytes of whole rows.
 pub(super) fn fill(format: Format, source: &[u8], half_scales: &mut [f32], block_mins: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-        // SAFETY: AVX-512 F/BW run here, checked just above.
+    if is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: AVX-512 F/BW/VL run here, checked just above.
         let done = unsafe { avx512::fill(format, source, half_scales, block_mins) };
         // Formats without minimums have none to skip.
         let skipped_mins = done.min(block_mins.len());
@@ -103,8 +106,7 @@ fn q6k_block_scales(source: &[u8], half_scales: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::super::unpack::scales_mins_k4;
+pub(super) mod avx512 {
     use crate::Format;
     use std::arch::x86_64::*;
 
@@ -114,7 +116,7 @@ mod avx512 {
     ///
     /// # Safety
     /// AVX-512 F/BW must be available.
-    #[target_feature(enable = "avx512f,avx512bw")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     pub(super) fn fill(
         format: Format,
         source: &[u8],
@@ -137,6 +139,7 @@ mod avx512 {
     /// Lanes `[0, 0, 1, 1, ..]` from `first`: each block's scale for both
     /// its halves.
     #[target_feature(enable = "avx512f")]
+    #[inline]
     fn doubled(first: i32) -> __m512i {
         let i = first;
         _mm512_setr_epi32(
@@ -201,41 +204,67 @@ mod avx512 {
         16 * groups
     }
 
-    /// Q4_K or Q5_K blocks (`BYTES` long): the eight scales and eight
-    /// minimums of a block converted in one register, times `d` and
-    /// `-dmin` (negating first rounds the same as negating after).
-    #[target_feature(enable = "avx512f,avx512bw")]
+    /// Q4_K or Q5_K blocks (`BYTES` long), a block at a time
+    /// ([`k4_head`]).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     fn k4<const BYTES: usize>(
         source: &[u8],
         half_scales: &mut [f32],
         block_mins: &mut [f32],
     ) -> usize {
-        let halves = doubled(0);
-        // `d` for the eight scales' lanes, `-dmin` for the minimums'.
-        let factor_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        let negate_dmin = _mm_setr_ps(0.0, -0.0, 0.0, 0.0);
         let mut done = 0;
         for ((block, half_scales), block_mins) in source
             .chunks_exact(BYTES)
             .zip(half_scales.chunks_exact_mut(16))
             .zip(block_mins.chunks_exact_mut(8))
         {
-            let d_dmin = u32::from_le_bytes([block[0], block[1], block[2], block[3]]);
-            let d_dmin = _mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(d_dmin as i32)), negate_dmin);
-            let factors = _mm512_permutexvar_ps(factor_lanes, _mm512_castps128_ps512(d_dmin));
-            let (scales, mins) = scales_mins_k4(block[4..16].try_into().expect("12 bytes"));
-            let both = _mm_set_epi64x(i64::from_le_bytes(mins), i64::from_le_bytes(scales));
-            let values = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(both)), factors);
-            let scales = _mm512_permutexvar_ps(halves, values);
-            let mins = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(values)));
-            // SAFETY: `half_scales` holds 16 floats and `block_mins` 8.
+            // SAFETY: a block's first 16 bytes; `half_scales` holds 16
+            // floats and `block_mins` 8.
             unsafe {
+                let (scales, mins) = k4_head(_mm_loadu_si128(block.as_ptr() as *const __m128i));
                 _mm512_storeu_ps(half_scales.as_mut_ptr(), scales);
                 _mm256_storeu_ps(block_mins.as_mut_ptr(), mins);
             }
             done += 8;
         }
         done
+    }
+
+    /// A Q4_K or Q5_K block's sixteen half-block scales and eight
+    /// minimums from its 16-byte head (`d`, `dmin`, then the twelve bytes
+    /// of 6-bit scales and minimums, as `unpack::scales_mins_k4` reads
+    /// them): the eight scales and eight minimums converted in one
+    /// register, times `d` and `-dmin` (negating first rounds the same as
+    /// negating after). The fill and the one-row kernel both call it.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[inline]
+    pub(in crate::integer) fn k4_head(head: __m128i) -> (__m512, __m256) {
+        let d_dmin = _mm_xor_ps(_mm_cvtph_ps(head), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
+        let factors = _mm512_permutexvar_ps(
+            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+            _mm512_castps128_ps512(d_dmin),
+        );
+        // The head's words are `d_dmin, low, middle, high`; the eight
+        // scales are `low & six` and `(high & nibble) | ((low >> 6) & top)
+        // << 4`, the minimums the same of `middle` and `high >> 4`: all
+        // four words at once from `[low, high, middle, high]` and
+        // `[-, low, -, middle]`.
+        let x = _mm_shuffle_epi32::<0b11_10_11_01>(head);
+        let y = _mm_shuffle_epi32::<0b10_00_01_00>(head);
+        let top = _mm_set1_epi32(0x0303_0303);
+        let tops = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(y), top));
+        let highs = _mm_or_si128(
+            _mm_and_si128(
+                _mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 0, 4)),
+                _mm_set1_epi32(0x0F0F_0F0F),
+            ),
+            tops,
+        );
+        let lows = _mm_and_si128(x, _mm_set1_epi32(0x3F3F_3F3F));
+        let bytes = _mm_blend_epi32::<0b1010>(lows, highs);
+        let values = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), factors);
+        let mins = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(values)));
+        (_mm512_permutexvar_ps(doubled(0), values), mins)
     }
 
     /// Q6_K blocks: sixteen signed 8-bit scales times `d`.

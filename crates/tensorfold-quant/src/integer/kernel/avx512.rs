@@ -4,6 +4,7 @@
 
 use super::{Operands, Packing, Rows, BLOCK, SPAN};
 use crate::integer::lanes::{in_lanes, RowSpan};
+use crate::integer::scales::avx512::k4_head;
 use crate::integer::wide::{InputSpan, WeightSpan, ROWS};
 use crate::integer::TILE;
 use std::arch::x86_64::*;
@@ -283,7 +284,11 @@ pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
                     word(7),
                 );
                 let scales = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(words));
-                let mins = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(words)));
+                let mins = if block_sums.is_empty() {
+                    _mm256_setzero_ps()
+                } else {
+                    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32::<16>(words)))
+                };
                 (
                     _mm512_permutexvar_ps(each_twice, _mm512_castps256_ps512(scales)),
                     mins,
@@ -291,36 +296,7 @@ pub(super) unsafe fn main<const R: usize, const W: usize, const MODE: u8>(
             } else if MODE == K_NIBBLES {
                 // SAFETY: the block's 16-byte head, checked in
                 // `Rows::new` with the block.
-                let head = unsafe { _mm_loadu_si128(block as *const __m128i) };
-                let d_dmin = _mm_xor_ps(_mm_cvtph_ps(head), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
-                let factors = _mm512_permutexvar_ps(
-                    _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                    _mm512_castps128_ps512(d_dmin),
-                );
-                // The head's words are `d_dmin, low, middle, high`; the
-                // eight 6-bit scales are `low & six` and
-                // `(high & nibble) | ((low >> 6) & top) << 4`, the
-                // minimums the same of `middle` and `high >> 4`
-                // (`unpack::scales_mins_k4`), here all four words at
-                // once from `[low, high, middle, high]` and
-                // `[-, low, -, middle]`.
-                let x = _mm_shuffle_epi32::<0b11_10_11_01>(head);
-                let y = _mm_shuffle_epi32::<0b10_00_01_00>(head);
-                let top = _mm_set1_epi32(0x0303_0303);
-                let tops = _mm_slli_epi32::<4>(_mm_and_si128(_mm_srli_epi32::<6>(y), top));
-                let highs = _mm_or_si128(
-                    _mm_and_si128(
-                        _mm_srlv_epi32(x, _mm_setr_epi32(0, 0, 0, 4)),
-                        _mm_set1_epi32(0x0F0F_0F0F),
-                    ),
-                    tops,
-                );
-                let lows = _mm_and_si128(x, _mm_set1_epi32(0x3F3F_3F3F));
-                let bytes = _mm_blend_epi32::<0b1010>(lows, highs);
-                let values =
-                    _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), factors);
-                let mins = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(values)));
-                (_mm512_permutexvar_ps(each_twice, values), mins)
+                k4_head(unsafe { _mm_loadu_si128(block as *const __m128i) })
             } else {
                 // SIX_BITS: sixteen signed scales at byte 192, `d` at 208.
                 // SAFETY: inside the 210-byte block, as above.
